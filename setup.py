@@ -1,0 +1,11 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="slora_vtc",
+    version="0.1.0",
+    description="Fair scheduling (VTC) on an S-LoRA-style continuous-batching LLM engine",
+    python_requires=">=3.10",
+    packages=find_packages(include=["slora_vtc", "slora_vtc.*"]),
+    install_requires=["numpy", "pandas", "matplotlib", "tqdm"],
+    entry_points={"console_scripts": ["slora-vtc=slora_vtc.cli:main"]},
+)

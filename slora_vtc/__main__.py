@@ -1,0 +1,3 @@
+from slora_vtc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""The simulated backend: step times from a model fitted to a measured cost profile (DESIGN 4).
+
+prefill(batch) = a + b * requests + c * prompt_tokens + overhead
+decode(batch)  = d + e * requests + f * context_tokens + overhead      (one decode step)
+The six coefficients are fitted by least squares on relative error to the profile's per-batch
+totals. The profile times the model's forward pass alone; `overhead` is what a serving stack adds
+to every forward pass (scheduling, detokenization, IPC), estimated from one measured run by
+`calibrate.py`. The same model then serves every figure: nothing is tuned per figure.
+"""
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.profile import ProfilePoint, load_profile
+from slora_vtc.request import Request
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    prefill_coef: tuple[float, float, float]  # seconds: per batch, per request, per prompt token
+    decode_coef: tuple[float, float, float]  # seconds: per step, per request, per context token
+    overhead_s: float = 0.0  # seconds the serving stack adds to every forward pass
+
+    def prefill_time(self, num_reqs: int, prompt_tokens: int) -> float:
+        a, b, c = self.prefill_coef
+        return a + b * num_reqs + c * prompt_tokens + self.overhead_s
+
+    def decode_time(self, num_reqs: int, context_tokens: int) -> float:
+        d, e, f = self.decode_coef
+        return d + e * num_reqs + f * context_tokens + self.overhead_s
+
+    @classmethod
+    def fit(cls, points: list[ProfilePoint]) -> "StepTimeModel":
+        prefill_rows, prefill_y, decode_rows, decode_y = [], [], [], []
+        for p in points:
+            n, x, y = p.batch_size, p.input_len, p.output_len
+            prefill_rows.append([1.0, n, n * x])
+            prefill_y.append(n * p.prefill_s)
+            # y decode steps; at step k every request attends over x + k tokens
+            decode_rows.append([y, y * n, n * (y * x + y * (y + 1) / 2)])
+            decode_y.append(n * p.decode_s)
+        return cls(_fit_nonnegative(prefill_rows, prefill_y), _fit_nonnegative(decode_rows, decode_y))
+
+    def residuals(self, points: list[ProfilePoint]) -> list[tuple[ProfilePoint, float, float]]:
+        """(point, relative error of prefill, relative error of decode) of the forward-pass model."""
+        if self.overhead_s:
+            return replace(self, overhead_s=0.0).residuals(points)
+        out = []
+        for p in points:
+            n, x, y = p.batch_size, p.input_len, p.output_len
+            prefill = self.prefill_time(n, n * x) / n
+            decode = sum(self.decode_time(n, n * (x + k)) for k in range(1, y + 1)) / n
+            out.append((p, _relative(prefill, p.prefill_s), _relative(decode, p.decode_s)))
+        return out
+
+
+def _relative(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured if measured > 0 else 0.0
+
+
+def _fit_nonnegative(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
+    """Least squares on relative error; terms that come out negative are dropped and refitted."""
+    X, y = np.asarray(rows), np.asarray(y)
+    weight = 1.0 / np.maximum(y, 1e-9)
+    active = list(range(X.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(X[:, active] * weight[:, None], y * weight, rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            full = np.zeros(X.shape[1])
+            full[active] = np.maximum(coef, 0)
+            return tuple(float(c) for c in full)
+        active.pop(int(np.argmin(coef)))
+
+
+class SimBackend(ModelBackend):
+    """No model: each step 'takes' the time the fitted model predicts; tokens are not produced."""
+
+    def __init__(self, model: StepTimeModel):
+        self.model = model
+
+    @classmethod
+    def from_profile(cls, path: str | Path) -> "SimBackend":
+        return cls(StepTimeModel.fit(load_profile(path)))
+
+    def prefill(self, reqs: list[Request]) -> StepResult:
+        tokens = sum(r.prompt_len for r in reqs)
+        return StepResult([None] * len(reqs), self.model.prefill_time(len(reqs), tokens))
+
+    def decode(self, reqs: list[Request]) -> StepResult:
+        context = sum(r.prompt_len + r.generated for r in reqs)
+        return StepResult([None] * len(reqs), self.model.decode_time(len(reqs), context))

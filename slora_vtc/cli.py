@@ -1,0 +1,155 @@
+"""`slora-vtc` command line: run | compare | figures | list | calibrate."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from slora_vtc import metrics
+from slora_vtc.errors import UserError
+from slora_vtc.experiment import BACKENDS, COSTS, Experiment, cost_function, run_experiment
+from slora_vtc.memory import fits_alone
+from slora_vtc.results import RunResult, write_results
+from slora_vtc.sched import SCHEDULERS, Lift
+from slora_vtc.workloads import SUITES, get_suite
+
+
+def _experiment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", required=True, help="workload suite (see `slora-vtc list`)")
+    p.add_argument("--backend", default="sim", choices=BACKENDS)
+    p.add_argument("--pool-tokens", type=int, help="memory pool size in tokens (default: the suite's)")
+    p.add_argument("--duration", type=float, help="workload duration in seconds (default: the suite's)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h")
+    p.add_argument("--profile", help="cost-profile JSON to calibrate the simulator (and the profiled cost) with")
+    p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
+    p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
+
+
+def _experiment(args, scheduler: str) -> Experiment:
+    exp = Experiment(
+        args.suite, scheduler, args.pool_tokens, args.duration, args.seed, args.cost, args.lift,
+        args.extra_charge_at_finish, args.profile, args.backend,
+    )
+    _check(exp)
+    return exp
+
+
+def _check(exp: Experiment) -> None:
+    """Fail early, in one line, on input that could only fail deep inside a run."""
+    get_suite(exp.suite)
+    if exp.pool_tokens is not None and exp.pool_tokens <= 0:
+        raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
+    cost_function(exp.cost, exp.profile)
+    exp.scheduler_options()
+    requests = exp.workload().requests()
+    if requests and not any(fits_alone(r, exp.engine_config()) for r in requests):
+        smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
+        raise UserError(f"a pool of {exp.engine_config().pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+
+
+def summary_row(result: RunResult) -> dict:
+    fair = metrics.fairness_summary(result, float(result.config.get("duration", 600)), cost_function(result.config.get("cost", "linear")))
+    return {
+        "scheduler": result.config.get("scheduler", "?"),
+        "max_diff": fair.max, "avg_diff": fair.avg, "var_diff": fair.var,
+        "throughput": metrics.throughput(result),
+        "mean_response_s": metrics.mean_response_time(result),
+        "finished": result.count("finished"), "rejected": result.count("rejected"), "aborted": result.count("aborted"),
+    }
+
+
+def cmd_run(args) -> int:
+    exp = _experiment(args, args.scheduler)
+    result = run_experiment(exp, progress=True)
+    out = Path(args.out or f"results/{exp.suite}_{exp.scheduler.replace(':', '-')}.jsonl")
+    write_results(out, [result])
+    print(pd.DataFrame([summary_row(result)]).to_string(index=False, float_format="%.1f"))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    if not schedulers:
+        raise UserError("--schedulers needs at least one scheduler")
+    experiments = [_experiment(args, s) for s in schedulers]
+    rows = [summary_row(run_experiment(exp, progress=True)) for exp in experiments]
+    print(pd.DataFrame(rows).to_string(index=False, float_format="%.1f"))
+    return 0
+
+
+def cmd_list(args) -> int:
+    print("suites:")
+    for s in SUITES.values():
+        print(f"  {s.name:22s} Fig {s.figure:3s} {s.description} ({s.duration:.0f} s, pool {s.pool_tokens})")
+    print("schedulers:")
+    for name, entry in SCHEDULERS.items():
+        spec = f"{name}:{entry.arg}" if entry.arg else name
+        print(f"  {spec:22s} {entry.help}")
+    from slora_vtc.figures import FIGURES
+
+    print("figures:")
+    for f in FIGURES.values():
+        print(f"  {f.name:22s} Fig {f.paper_figure:6s} {f.title}")
+    return 0
+
+
+def cmd_figures(args) -> int:
+    from slora_vtc.figures import render_figures
+
+    for path in render_figures(args.only.split(",") if args.only else None, Path(args.out), jobs=args.jobs):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from slora_vtc.calibrate import calibration_report
+
+    print(calibration_report(args.profile, args.measured, args.scheduler))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slora-vtc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one experiment and write its result file")
+    _experiment_args(run)
+    run.add_argument("--scheduler", required=True, help="fcfs | rpm:LIMIT | lcf | vtc | wvtc:W1,W2,... | vtc-oracle | vtc-pred:R | vtc-avg")
+    run.add_argument("--out", help="result file (default: results/SUITE_SCHEDULER.jsonl)")
+    run.set_defaults(func=cmd_run)
+
+    compare = sub.add_parser("compare", help="run several schedulers on one suite and print a table")
+    _experiment_args(compare)
+    compare.add_argument("--schedulers", required=True, help="comma-separated scheduler specs, e.g. vtc,fcfs,lcf")
+    compare.set_defaults(func=cmd_compare)
+
+    figures = sub.add_parser("figures", help="regenerate the paper's figures into figures/")
+    figures.add_argument("--only", help="comma-separated figure names (see `slora-vtc list`)")
+    figures.add_argument("--out", default="figures")
+    figures.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    figures.set_defaults(func=cmd_figures)
+
+    lst = sub.add_parser("list", help="name every suite, scheduler and figure")
+    lst.set_defaults(func=cmd_list)
+
+    cal = sub.add_parser("calibrate", help="fit the simulator to a cost profile; check it against a measured run")
+    cal.add_argument("--profile", help="cost-profile JSON (default: the artifact's A10G profile)")
+    cal.add_argument("--measured", action="append", default=[], help="a measured result file to replay (repeatable)")
+    cal.add_argument("--scheduler", action="append", default=[], help="scheduler each measured run used, in order")
+    cal.set_defaults(func=cmd_calibrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"slora-vtc: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("slora-vtc: interrupted", file=sys.stderr)
+        return 130

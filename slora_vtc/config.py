@@ -1,0 +1,37 @@
+"""Frozen configuration shared by the engine, the memory pool and the schedulers."""
+
+from dataclasses import dataclass
+
+from slora_vtc.errors import UserError
+
+DEFAULT_POOL_TOKENS = 10_000  # A10G 24 GB with Llama-7B, as in the paper
+MAX_REQ_TOTAL_LEN = 3072  # S-LoRA's default max_req_total_len (2048 + 1024)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the continuous-batching loop and its admission check behave (DESIGN section 2)."""
+
+    pool_tokens: int = DEFAULT_POOL_TOKENS
+    max_wait_steps: int = 10  # decode steps between admission attempts
+    max_running: int = 1000  # S-LoRA's running_max_req_size
+    lora_rank: int = 8  # every client has a rank-8 adapter in the paper's runs
+    batch_max_tokens_override: int | None = None
+
+    def __post_init__(self):
+        if self.pool_tokens <= 0:
+            raise UserError(f"pool_tokens must be positive, got {self.pool_tokens}")
+        if self.max_wait_steps < 0 or self.max_running <= 0 or self.lora_rank < 0:
+            raise UserError("max_wait_steps >= 0, max_running > 0 and lora_rank >= 0 are required")
+
+    @property
+    def batch_max_tokens(self) -> int:
+        """Prompt tokens one prefill mini-batch may hold: max(pool / 6, 3072) in S-LoRA."""
+        if self.batch_max_tokens_override is not None:
+            return self.batch_max_tokens_override
+        return max(self.pool_tokens // 6, MAX_REQ_TOTAL_LEN)
+
+    @property
+    def adapter_slots(self) -> int:
+        """Pool slots one resident adapter takes: rows for q, k, v, o of rank r."""
+        return 4 * self.lora_rank

@@ -1,0 +1,147 @@
+"""The continuous-batching loop of S-LoRA's router (DESIGN section 2).
+
+Prefill and decode run as separate forward passes, without preemption. When nothing runs, the
+scheduler picks a batch. Otherwise the engine decodes, and every `max_wait_steps` decode steps
+asks the scheduler for more; if it admits some, they are prefilled as a mini-batch and merged,
+otherwise it decodes and asks again next step. The engine never looks at how a step is computed.
+"""
+
+from collections.abc import Callable, Iterable
+
+from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.clock import Clock
+from slora_vtc.config import EngineConfig
+from slora_vtc.memory import Budget, MemoryManager, TokenPool, fits_alone
+from slora_vtc.request import Request, State
+from slora_vtc.sched.base import Scheduler
+
+EndHook = Callable[[Request], None]
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: Scheduler,
+        backend: ModelBackend,
+        clock: Clock,
+        memory: MemoryManager | None = None,
+        on_end: EndHook | None = None,
+    ):
+        self.config = config
+        self.scheduler = scheduler
+        self.backend = backend
+        self.clock = clock
+        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots)
+        self.on_end = on_end
+        self.running: list[Request] = []
+        self._steps_since_admission = 0
+        self._next_rid = 0
+
+    # -- requests in ----------------------------------------------------------------------
+    def add_request(self, req: Request) -> bool:
+        """Hand a new request to the scheduler; a request that can never fit is rejected."""
+        if req.rid < 0:
+            req.rid, self._next_rid = self._next_rid, self._next_rid + 1
+        if not fits_alone(req, self.config):
+            self._end(req, State.REJECTED, "request can never fit the memory pool")
+            return False
+        if not self.scheduler.on_arrival(req, req.arrival):
+            self._end(req, State.REJECTED, "rejected by the scheduler (rate limit)")
+            return False
+        return True
+
+    def abort(self, req: Request, reason: str = "aborted") -> None:
+        """End a waiting or running request now and free its slots."""
+        if req in self.running:
+            self.running.remove(req)
+            self._release(req)
+        elif not self.scheduler.remove(req):
+            return
+        self._end(req, State.ABORTED, reason)
+        self.memory.evict_unused(self.running)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running) or self.scheduler.num_waiting() > 0
+
+    # -- the loop -------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One forward pass; returns False when there was nothing the engine could run."""
+        new = self._admit()
+        if new:
+            self._prefill(new)
+        elif self.running:
+            self._decode()
+        return bool(new or self.running)
+
+    def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None) -> list[Request]:
+        """Serve requests arriving at their `arrival` times until every one has ended."""
+        pending = sorted(requests, key=lambda r: r.arrival)
+        nxt = 0
+        while nxt < len(pending) or self.busy:
+            while nxt < len(pending) and pending[nxt].arrival <= self.clock.now():
+                self.add_request(pending[nxt])
+                nxt += 1
+            if self.step():
+                if on_step:
+                    on_step()
+            elif nxt < len(pending):
+                self.clock.wait_until(pending[nxt].arrival)
+            elif self.busy:
+                raise RuntimeError("scheduler keeps requests waiting while the engine is idle")
+        return pending
+
+    def _admit(self) -> list[Request]:
+        if self.running and self._steps_since_admission < self.config.max_wait_steps:
+            return []
+        if self.scheduler.num_waiting() == 0:
+            return []
+        return self.scheduler.select(Budget(self.config, self.running), self.clock.now())
+
+    def _prefill(self, batch: list[Request]) -> None:
+        self.memory.admit(batch)
+        for req in batch:
+            req.state = State.RUNNING
+        self.running.extend(batch)
+        self._apply(batch, self.backend.prefill(batch))
+        self._steps_since_admission = 0
+        self._retire(batch)
+
+    def _decode(self) -> None:
+        self.scheduler.on_decode_step(self.running, self.clock.now())
+        self.memory.extend(self.running)
+        self._apply(self.running, self.backend.decode(self.running))
+        self._steps_since_admission += 1
+        self._retire(self.running)
+
+    def _apply(self, batch: list[Request], result: StepResult) -> None:
+        self.clock.advance(result.elapsed)
+        now = self.clock.now()
+        failed = {batch[i].rid for i in result.failed}
+        for req, token in zip(batch, result.tokens):
+            if req.rid not in failed:
+                req.append_token(token, now)
+        for req in [r for r in batch if r.rid in failed]:
+            self.abort(req, "the model failed on this request")
+
+    def _retire(self, batch: list[Request]) -> None:
+        finished = [r for r in batch if r.done]
+        if not finished:
+            return
+        self.scheduler.on_finish(finished, batch, self.clock.now())
+        self.running = [r for r in self.running if not r.done]
+        for req in finished:
+            self._release(req)
+            self._end(req, State.FINISHED)
+        self.memory.evict_unused(self.running)
+
+    def _release(self, req: Request) -> None:
+        self.memory.release(req)
+        self.backend.release(req)
+
+    def _end(self, req: Request, state: State, reason: str = "") -> None:
+        req.state, req.reason = state, reason
+        req.finish_time = self.clock.now()
+        if self.on_end:
+            self.on_end(req)

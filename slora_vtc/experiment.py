@@ -1,0 +1,102 @@
+"""One experiment: a suite's workload served by one scheduler on one backend, as a RunResult."""
+
+from dataclasses import asdict, dataclass
+
+from tqdm import tqdm
+
+from slora_vtc.backends.base import ModelBackend
+from slora_vtc.backends.sim import SimBackend, StepTimeModel
+from slora_vtc.clock import VirtualClock
+from slora_vtc.config import EngineConfig
+from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
+from slora_vtc.engine import Engine
+from slora_vtc.errors import UserError
+from slora_vtc.profile import load_profile
+from slora_vtc.results import RunResult
+from slora_vtc.sched import Lift, SchedulerOptions, build_scheduler
+from slora_vtc.workloads import Workload, get_suite
+
+# StepTimeModel.fit() of the artifact's A10G / Llama-7B profile (a test checks the refit matches),
+# so the simulator runs without the shared data folder. The overhead comes from
+# `slora-vtc calibrate` against the artifact's measured VTC overload run (see paper_repro.md).
+A10G_STEP_MODEL = StepTimeModel(
+    prefill_coef=(0.04455522335156053, 0.0001843005467338533, 0.0002069428602955795),
+    decode_coef=(0.020432495990202408, 0.0002118218580782555, 1.5599216619389782e-06),
+    overhead_s=0.0033,
+)
+COSTS = ("linear", "profile")
+BACKENDS = ("sim",)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    suite: str
+    scheduler: str
+    pool_tokens: int | None = None  # default: the suite's
+    duration: float | None = None  # default: the suite's
+    seed: int = 42
+    cost: str = "linear"
+    lift: str = "paper"
+    extra_charge_at_finish: bool = False
+    profile: str | None = None  # a cost-profile file to calibrate the simulator (and cost) with
+    backend: str = "sim"
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(pool_tokens=self.pool_tokens or get_suite(self.suite).pool_tokens)
+
+    def workload(self) -> Workload:
+        return get_suite(self.suite).workload(self.duration, self.seed)
+
+    def scheduler_options(self) -> SchedulerOptions:
+        try:
+            lift = Lift(self.lift)
+        except ValueError:
+            raise UserError(f"unknown lift rule '{self.lift}' (known: {', '.join(l.value for l in Lift)})") from None
+        return SchedulerOptions(cost_function(self.cost, self.profile), lift, self.extra_charge_at_finish, self.seed)
+
+
+def cost_function(name: str, profile: str | None = None) -> CostFunction:
+    """`linear`, or `profile`: the paper's A10G fit, or a fit to the given profile file."""
+    if name == "linear":
+        return LinearCost()
+    if name == "profile":
+        if profile is None:
+            return ProfiledCost()
+        return ProfiledCost.fit([(p.input_len, p.output_len, 1000 * (p.prefill_s + p.decode_s)) for p in load_profile(profile)])
+    raise UserError(f"unknown cost function '{name}' (known: {', '.join(COSTS)})")
+
+
+def sim_backend(profile: str | None = None) -> SimBackend:
+    """The A10G model by default; a profile file refits the forward pass, keeping the overhead."""
+    if profile is None:
+        return SimBackend(A10G_STEP_MODEL)
+    fitted = StepTimeModel.fit(load_profile(profile))
+    return SimBackend(StepTimeModel(fitted.prefill_coef, fitted.decode_coef, A10G_STEP_MODEL.overhead_s))
+
+
+def simulate(
+    workload: Workload,
+    scheduler: str,
+    options: SchedulerOptions,
+    config: EngineConfig,
+    backend: ModelBackend,
+    progress: bool = False,
+    label: str = "",
+) -> tuple[list, float]:
+    """Serve a workload on a virtual clock; returns the ended requests and the total time."""
+    requests = workload.requests()
+    engine_scheduler = build_scheduler(scheduler, list(workload.clients), options)
+    with tqdm(total=len(requests), desc=label or f"{workload.name}/{scheduler}", unit="req", disable=not progress, leave=False) as bar:
+        clock = VirtualClock()
+        engine = Engine(config, engine_scheduler, backend, clock, on_end=lambda _: bar.update())
+        engine.run(requests)
+    return requests, clock.now()
+
+
+def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
+    """Run one experiment; every request ends finished, rejected or aborted."""
+    if exp.backend not in BACKENDS:
+        raise UserError(f"unknown backend '{exp.backend}' (known: {', '.join(BACKENDS)})")
+    workload, config = exp.workload(), exp.engine_config()
+    requests, total = simulate(workload, exp.scheduler, exp.scheduler_options(), config, sim_backend(exp.profile), progress)
+    return RunResult.of({**asdict(exp), "pool_tokens": config.pool_tokens, "duration": workload.duration}, requests, total)

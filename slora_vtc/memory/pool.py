@@ -1,0 +1,41 @@
+"""Token-granular slot allocator: one slot holds one token's K/V (per layer), or one adapter row."""
+
+import numpy as np
+
+
+class PoolExhausted(RuntimeError):
+    """More slots were asked for than are free: the admission check should have prevented it."""
+
+
+class TokenPool:
+    """A stack of free slot indices; alloc and free are O(n) numpy copies."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free = np.arange(size - 1, -1, -1, dtype=np.int64)
+        self._top = size
+        self._in_use = np.zeros(size, dtype=bool)
+
+    @property
+    def num_free(self) -> int:
+        return self._top
+
+    @property
+    def num_used(self) -> int:
+        return self.size - self._top
+
+    def alloc(self, n: int) -> np.ndarray:
+        if n > self._top:
+            raise PoolExhausted(f"asked for {n} slots, {self._top} of {self.size} free")
+        self._top -= n
+        slots = self._free[self._top : self._top + n].copy()
+        self._in_use[slots] = True
+        return slots
+
+    def free(self, slots) -> None:
+        slots = np.asarray(slots, dtype=np.int64)
+        if not self._in_use[slots].all() or len(np.unique(slots)) != len(slots):
+            raise ValueError("freeing a slot that is not allocated (double free)")
+        self._in_use[slots] = False
+        self._free[self._top : self._top + len(slots)] = slots
+        self._top += len(slots)

@@ -1,0 +1,64 @@
+"""Cost profiles: measured prefill / decode time per request, as the artifact's profiler wrote them.
+
+Format (JSON): profile[input_len][output_len] = [batch_size, prefill_s_per_request,
+decode_s_per_request], where batch_size requests of that shape ran together (pool // (in + out))
+and decode time covers all `output_len` decode steps. `slora-vtc profile` writes the same format.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from slora_vtc.errors import UserError
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    input_len: int
+    output_len: int
+    batch_size: int
+    prefill_s: float  # per request
+    decode_s: float  # per request, all decode steps
+
+
+def load_profile(path: str | Path) -> list[ProfilePoint]:
+    """Read and validate a profile file; any problem is a UserError naming the file and entry."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"{path}: cannot read profile ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise UserError(f"{path}: a profile is a non-empty object {{input_len: {{output_len: [...]}}}}")
+    points = [_point(path, i, o, v) for i, row in raw.items() for o, v in _row(path, i, row).items()]
+    if len(points) < 3:
+        raise UserError(f"{path}: at least 3 measured points are needed to fit a step-time model")
+    return points
+
+
+def _row(path: Path, key: str, row) -> dict:
+    if not isinstance(row, dict):
+        raise UserError(f"{path}: entry '{key}' must map output lengths to measurements")
+    return row
+
+
+def _point(path: Path, i: str, o: str, value) -> ProfilePoint:
+    where = f"{path}: entry [{i}][{o}]"
+    try:
+        input_len, output_len = int(i), int(o)
+        batch, prefill, decode = value
+        batch, prefill, decode = int(batch), float(prefill), float(decode)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: expected integer keys and [batch_size, prefill_s, decode_s]") from None
+    if input_len <= 0 or output_len <= 0 or batch <= 0 or prefill < 0 or decode < 0:
+        raise UserError(f"{where}: lengths and batch size must be positive, times non-negative")
+    return ProfilePoint(input_len, output_len, batch, prefill, decode)
+
+
+def save_profile(points: list[ProfilePoint], path: str | Path) -> None:
+    table: dict[str, dict[str, list]] = {}
+    for p in points:
+        table.setdefault(str(p.input_len), {})[str(p.output_len)] = [p.batch_size, p.prefill_s, p.decode_s]
+    Path(path).write_text(json.dumps(table))

@@ -1,0 +1,56 @@
+"""A request and its life cycle: waiting -> running -> finished (or rejected / aborted)."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class State(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request. `max_new_tokens` is its true output length (EOS ignored)."""
+
+    client: str
+    prompt_len: int
+    max_new_tokens: int
+    arrival: float
+    rid: int = -1
+    adapter: str | None = None  # LoRA adapter; the simulator gives every client its own
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    generated: int = 0
+    state: State = State.WAITING
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    kv_slots: list = field(default_factory=list)  # pool slot indices, chunk per allocation
+    reason: str = ""  # why a request was rejected or aborted
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens of KV this request holds once its next token is written (admission view)."""
+        return self.prompt_len + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.max_new_tokens
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (State.FINISHED, State.REJECTED, State.ABORTED)
+
+    def append_token(self, token: int | None, now: float) -> None:
+        if token is not None:
+            self.output_ids.append(token)
+        self.generated += 1
+        if self.first_token_time is None:
+            self.first_token_time = now

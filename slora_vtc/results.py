@@ -1,0 +1,115 @@
+"""Result files (DESIGN section 8): one JSON line per run, also readable from the artifact's files."""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slora_vtc.errors import UserError
+from slora_vtc.request import Request, State
+
+RESPONSE_FIELDS = ("client", "prompt_len", "output_len", "req_time", "first_token_latency", "request_latency", "status")
+
+
+@dataclass(frozen=True)
+class Response:
+    client: str
+    prompt_len: int
+    output_len: int
+    req_time: float
+    first_token_latency: float  # -1 when never served
+    request_latency: float  # -1 when never served
+    status: str = "finished"
+
+    @classmethod
+    def of(cls, req: Request) -> "Response":
+        served = req.state is State.FINISHED
+        first = req.first_token_time - req.arrival if served else -1.0
+        total = req.finish_time - req.arrival if served else -1.0
+        return cls(req.client, req.prompt_len, req.max_new_tokens, req.arrival, first, total, req.state.value)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    config: dict
+    total_time: float
+    responses: tuple[Response, ...]
+
+    @classmethod
+    def of(cls, config: dict, requests: list[Request], total_time: float) -> "RunResult":
+        return cls(config, total_time, tuple(Response.of(r) for r in requests))
+
+    @property
+    def clients(self) -> list[str]:
+        return sorted({r.client for r in self.responses}, key=client_sort_key)
+
+    def array(self, name: str) -> np.ndarray:
+        """One response field as a numpy array (cached), for the metrics."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        if name not in cache:
+            cache[name] = np.array([getattr(r, name) for r in self.responses])
+        return cache[name]
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.responses)
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "result": {"total_time": self.total_time, "responses": [asdict(r) for r in self.responses]}})
+
+
+def client_sort_key(name: str) -> tuple:
+    """client2 < client10; names without a trailing number sort after, alphabetically."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem):]
+    return (stem, int(digits) if digits else -1)
+
+
+def write_results(path: str | Path, results: list[RunResult], append: bool = False) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w") as f:
+        for result in results:
+            f.write(result.to_json() + "\n")
+
+
+def read_results(path: str | Path) -> list[RunResult]:
+    """Read our result files and the artifact's (client named `adapter_dir`, no status field)."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read result file ({e.strerror})") from None
+    return [_parse_line(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> RunResult:
+    where = f"{path}:{lineno}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+    try:
+        result = record["result"]
+        responses = tuple(_parse_response(f"{where}: response {i}", r) for i, r in enumerate(result["responses"]))
+        return RunResult(record.get("config", {}), float(result["total_time"]), responses)
+    except KeyError as e:
+        raise UserError(f"{where}: missing field {e}") from None
+    except (TypeError, AttributeError):
+        raise UserError(f"{where}: expected {{'config': ..., 'result': {{'total_time', 'responses'}}}}") from None
+
+
+def _parse_response(where: str, raw: dict) -> Response:
+    raw = dict(raw)
+    if "client" not in raw and "adapter_dir" in raw:
+        raw["client"] = raw.pop("adapter_dir")
+    missing = [f for f in RESPONSE_FIELDS[:-1] if f not in raw]
+    if missing:
+        raise UserError(f"{where}: missing field '{missing[0]}'")
+    try:
+        return Response(
+            str(raw["client"]), int(raw["prompt_len"]), int(raw["output_len"]), float(raw["req_time"]),
+            float(raw["first_token_latency"]), float(raw["request_latency"]), str(raw.get("status", "finished")),
+        )
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: a numeric field is not a number") from None

@@ -1,0 +1,40 @@
+"""The scheduler interface. Schedulers see requests, token counts and `now`; never tensors."""
+
+from abc import ABC, abstractmethod
+
+from slora_vtc.memory.admission import Budget
+from slora_vtc.request import Request
+
+
+class Scheduler(ABC):
+    """Decides which waiting requests join the running batch, and in which order.
+
+    The engine calls `on_arrival` for every new request, `select` when it may admit, and
+    `on_decode_step` / `on_finish` so that counter-based schedulers can charge service.
+    """
+
+    @abstractmethod
+    def on_arrival(self, req: Request, now: float) -> bool:
+        """Queue the request; return False to reject it (it is then never served)."""
+
+    @abstractmethod
+    def select(self, budget: Budget, now: float) -> list[Request]:
+        """Pop and return the requests to admit, stopping at the first that does not fit."""
+
+    @abstractmethod
+    def num_waiting(self) -> int:
+        """Requests queued and not yet admitted."""
+
+    @abstractmethod
+    def drain(self) -> list[Request]:
+        """Remove and return every waiting request (used when the engine shuts down)."""
+
+    def on_decode_step(self, running: list[Request], now: float) -> None:
+        """Called before each decode step with the requests about to get one more token."""
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+        """Called after a step in which `finished` completed; `batch` still includes them."""
+
+    def remove(self, req: Request) -> bool:
+        """Remove one waiting request (an abort); return whether it was waiting."""
+        return False

@@ -1,0 +1,93 @@
+"""Schedulers by name, built from a spec string such as `vtc`, `rpm:20` or `wvtc:1,2,3,4`."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slora_vtc.cost import CostFunction, LinearCost
+from slora_vtc.errors import UserError
+from slora_vtc.sched.base import Scheduler
+from slora_vtc.sched.fcfs import FCFS, RPM
+from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
+from slora_vtc.sched.vtc import VTC, Lift
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Settings shared by every scheduler of a run."""
+
+    cost: CostFunction = field(default_factory=LinearCost)
+    lift: Lift = Lift.PAPER
+    extra_charge_at_finish: bool = False  # the artifact's quirk, off by default
+    seed: int = 42  # for the randomised length predictor
+
+
+Factory = Callable[[str | None, list[str], SchedulerOptions], Scheduler]
+
+
+@dataclass(frozen=True)
+class Entry:
+    factory: Factory
+    help: str
+    arg: str | None = None  # name of the required argument, if any
+
+
+def _vtc(opts: SchedulerOptions, **kwargs) -> VTC:
+    kwargs.setdefault("lift", opts.lift)
+    return VTC(cost=opts.cost, extra_charge_at_finish=opts.extra_charge_at_finish, **kwargs)
+
+
+def _positive_int(spec: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"scheduler '{spec}': '{text}' is not an integer") from None
+    if value <= 0:
+        raise UserError(f"scheduler '{spec}': the limit must be positive, got {value}")
+    return value
+
+
+def _weights(spec: str, text: str, clients: list[str]) -> dict[str, float]:
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        raise UserError(f"scheduler '{spec}': weights must be numbers, got '{text}'") from None
+    if any(not w > 0 for w in weights):
+        raise UserError(f"scheduler '{spec}': weights must be positive")
+    if len(weights) != len(clients):
+        raise UserError(f"scheduler '{spec}': {len(weights)} weights for {len(clients)} clients")
+    return dict(zip(clients, weights))
+
+
+def _ratio(spec: str, text: str) -> float:
+    try:
+        r = float(text)
+    except ValueError:
+        raise UserError(f"scheduler '{spec}': '{text}' is not a number") from None
+    if not 0 <= r < 1:
+        raise UserError(f"scheduler '{spec}': the error ratio must be in [0, 1), got {r}")
+    return r
+
+
+SCHEDULERS: dict[str, Entry] = {
+    "fcfs": Entry(lambda a, c, o: FCFS(), "first come, first served"),
+    "rpm": Entry(lambda a, c, o: RPM(_positive_int(f"rpm:{a}", a)), "FCFS + reject above LIMIT requests/minute per client", "LIMIT"),
+    "lcf": Entry(lambda a, c, o: _vtc(o, lift=Lift.NONE), "least counter first (VTC without the lift)"),
+    "vtc": Entry(lambda a, c, o: _vtc(o), "virtual token counter"),
+    "wvtc": Entry(lambda a, c, o: _vtc(o, weights=_weights(f"wvtc:{a}", a, c)), "weighted VTC, one weight per client in order", "W1,W2,..."),
+    "vtc-oracle": Entry(lambda a, c, o: _vtc(o, predictor=OraclePredictor()), "VTC charging the true output length up front"),
+    "vtc-pred": Entry(lambda a, c, o: _vtc(o, predictor=UniformErrorPredictor(_ratio(f"vtc-pred:{a}", a), o.seed)), "VTC with a prediction uniform in actual*(1 +- R)", "R"),
+    "vtc-avg": Entry(lambda a, c, o: _vtc(o, predictor=MovingAveragePredictor()), "VTC predicting a per-client moving average"),
+}
+
+
+def build_scheduler(spec: str, clients: list[str], options: SchedulerOptions = SchedulerOptions()) -> Scheduler:
+    """Build a scheduler from `name` or `name:ARG`; raise UserError naming what is wrong."""
+    name, sep, arg = spec.partition(":")
+    entry = SCHEDULERS.get(name)
+    if entry is None:
+        raise UserError(f"unknown scheduler '{name}' (known: {', '.join(SCHEDULERS)})")
+    if entry.arg and not arg:
+        raise UserError(f"scheduler '{name}' needs an argument: {name}:{entry.arg}")
+    if not entry.arg and sep:
+        raise UserError(f"scheduler '{name}' takes no argument, got '{spec}'")
+    return entry.factory(arg or None, clients, options)

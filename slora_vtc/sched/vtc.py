@@ -1,0 +1,169 @@
+"""Virtual Token Counter (paper section 4) and its variants: LCF, weighted, length prediction."""
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from slora_vtc.cost import CostFunction, LinearCost
+from slora_vtc.memory.admission import Budget
+from slora_vtc.request import Request
+from slora_vtc.sched.base import Scheduler
+from slora_vtc.sched.predict import LengthPredictor
+
+
+class Lift(str, Enum):
+    """What happens to a client's counter when its waiting queue goes from empty to non-empty."""
+
+    PAPER = "paper"  # max(own, min over waiting others), or the last client to leave if none wait
+    ARTIFACT = "artifact"  # as PAPER, but no lift when no other client waits
+    NONE = "none"  # LCF: an idle client keeps its low counter
+
+
+@dataclass
+class _Client:
+    order: int  # registration order: ties go to the earlier client, as in the artifact
+    counter: float = 0.0
+    weight: float = 1.0
+    version: int = 0  # bumped when the counter drops, so older heap entries are ignored
+    queue: deque | None = None
+
+
+class VTC(Scheduler):
+    """Serve the waiting client with the smallest counter; charge service as it is delivered.
+
+    Each request is charged h(x, max(n, p)) in total while it runs (p: predicted output length,
+    0 without prediction) and refunded down to h(x, actual) at finish. With p = 0 this is exactly
+    plain VTC: h(x, 0) at admission, then h(x, n) - h(x, n - 1) before the step making token n.
+    Selection uses a heap of waiting clients keyed by counter, so it costs O(log clients).
+    """
+
+    def __init__(
+        self,
+        cost: CostFunction = LinearCost(),
+        lift: Lift = Lift.PAPER,
+        weights: dict[str, float] | None = None,
+        predictor: LengthPredictor | None = None,
+        extra_charge_at_finish: bool = False,
+    ):
+        self.cost = cost
+        self.lift = lift
+        self.weights = dict(weights or {})
+        self.predictor = predictor
+        self.extra_charge_at_finish = extra_charge_at_finish
+        self._clients: dict[str, _Client] = {}
+        self._heap: list[tuple[float, int, int, str]] = []
+        self._predicted: dict[int, float] = {}
+        self._last_left: str | None = None
+        self._waiting = 0
+
+    # -- counters -------------------------------------------------------------------------
+    def counter(self, client: str) -> float:
+        return self._clients[client].counter if client in self._clients else 0.0
+
+    def _client(self, name: str) -> _Client:
+        if name not in self._clients:
+            self._clients[name] = _Client(len(self._clients), weight=self.weights.get(name, 1.0), queue=deque())
+        return self._clients[name]
+
+    def _charge(self, name: str, service: float) -> None:
+        client = self._clients[name]
+        client.counter += service / client.weight
+        if service < 0 and client.queue:
+            client.version += 1
+            self._push(name)
+
+    def _push(self, name: str) -> None:
+        c = self._clients[name]
+        heapq.heappush(self._heap, (c.counter, c.order, c.version, name))
+
+    def _min_waiting(self) -> str | None:
+        """The waiting client with the smallest counter (stale heap entries are refreshed lazily)."""
+        while self._heap:
+            counter, _, version, name = self._heap[0]
+            c = self._clients[name]
+            if version != c.version or not c.queue:
+                heapq.heappop(self._heap)
+            elif counter != c.counter:  # counters only grow between pushes: re-key and retry
+                heapq.heapreplace(self._heap, (c.counter, c.order, c.version, name))
+            else:
+                return name
+        return None
+
+    # -- scheduler interface --------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> bool:
+        client = self._client(req.client)
+        if not client.queue:
+            self._lift(client)
+            client.version += 1
+            client.queue.append(req)
+            self._push(req.client)
+        else:
+            client.queue.append(req)
+        self._waiting += 1
+        return True
+
+    def _lift(self, client: _Client) -> None:
+        if self.lift is Lift.NONE:
+            return
+        other = self._min_waiting()
+        if other is None and self.lift is Lift.PAPER:
+            other = self._last_left
+        if other is not None:
+            client.counter = max(client.counter, self._clients[other].counter)
+
+    def select(self, budget: Budget, now: float) -> list[Request]:
+        admitted = []
+        while (name := self._min_waiting()) is not None:
+            client = self._clients[name]
+            req = client.queue[0]
+            if not budget.try_add(req):
+                break
+            client.queue.popleft()
+            self._waiting -= 1
+            if not client.queue:
+                self._last_left = name
+            predicted = self.predictor.predict(req) if self.predictor else 0.0
+            self._predicted[req.rid] = predicted
+            self._charge(name, self.cost(req.prompt_len, predicted))
+            admitted.append(req)
+        return admitted
+
+    def on_decode_step(self, running: list[Request], now: float) -> None:
+        for req in running:
+            self._charge(req.client, self._token_charge(req))
+
+    def _token_charge(self, req: Request) -> float:
+        n, p, x = req.generated + 1, self._predicted[req.rid], req.prompt_len
+        if n <= p:
+            return 0.0
+        return self.cost(x, n) - self.cost(x, max(n - 1, p))
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+        if self.extra_charge_at_finish:
+            self.on_decode_step(batch, now)
+        for req in finished:
+            predicted = self._predicted.pop(req.rid)
+            if predicted > req.generated:
+                self._charge(req.client, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, predicted))
+            if self.predictor:
+                self.predictor.observe(req)
+
+    def num_waiting(self) -> int:
+        return self._waiting
+
+    def drain(self) -> list[Request]:
+        drained = [req for c in self._clients.values() for req in c.queue]
+        for c in self._clients.values():
+            c.queue.clear()
+        self._heap.clear()
+        self._waiting = 0
+        return drained
+
+    def remove(self, req: Request) -> bool:
+        client = self._clients.get(req.client)
+        if client is None or req not in client.queue:
+            return False
+        client.queue.remove(req)
+        self._waiting -= 1
+        return True
