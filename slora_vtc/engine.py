@@ -71,9 +71,11 @@ class Engine:
         new = self._admit()
         if new:
             self._prefill(new)
-        elif self.running:
-            self._decode()
-        return bool(new or self.running)
+            return True
+        if self.running:
+            self._decode()  # may finish the last running request: it still was a step
+            return True
+        return False
 
     def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None) -> list[Request]:
         """Serve requests arriving at their `arrival` times until every one has ended."""

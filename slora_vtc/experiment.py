@@ -1,6 +1,6 @@
 """One experiment: a suite's workload served by one scheduler on one backend, as a RunResult."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tqdm import tqdm
 
@@ -21,8 +21,9 @@ from slora_vtc.workloads import Workload, get_suite
 # `slora-vtc calibrate` against the artifact's measured VTC overload run (see paper_repro.md).
 A10G_STEP_MODEL = StepTimeModel(
     prefill_coef=(0.04455522335156053, 0.0001843005467338533, 0.0002069428602955795),
-    decode_coef=(0.020432495990202408, 0.0002118218580782555, 1.5599216619389782e-06),
-    overhead_s=0.0033,
+    decode_coef=(0.03022487932551086, 0.00022468187696440307, 1.0031000690461657e-06),
+    decode_knee=35,
+    overhead_s=0.0022,
 )
 COSTS = ("linear", "profile")
 BACKENDS = ("sim",)
@@ -71,7 +72,7 @@ def sim_backend(profile: str | None = None) -> SimBackend:
     if profile is None:
         return SimBackend(A10G_STEP_MODEL)
     fitted = StepTimeModel.fit(load_profile(profile))
-    return SimBackend(StepTimeModel(fitted.prefill_coef, fitted.decode_coef, A10G_STEP_MODEL.overhead_s))
+    return SimBackend(replace(fitted, overhead_s=A10G_STEP_MODEL.overhead_s))
 
 
 def simulate(

@@ -80,6 +80,8 @@ def read_results(path: str | Path) -> list[RunResult]:
         lines = path.read_text().splitlines()
     except OSError as e:
         raise UserError(f"{path}: cannot read result file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a result file (not UTF-8 text)") from None
     return [_parse_line(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
 
 
@@ -93,10 +95,14 @@ def _parse_line(path: Path, lineno: int, line: str) -> RunResult:
         result = record["result"]
         responses = tuple(_parse_response(f"{where}: response {i}", r) for i, r in enumerate(result["responses"]))
         return RunResult(record.get("config", {}), float(result["total_time"]), responses)
+    except UserError:
+        raise
     except KeyError as e:
         raise UserError(f"{where}: missing field {e}") from None
     except (TypeError, AttributeError):
         raise UserError(f"{where}: expected {{'config': ..., 'result': {{'total_time', 'responses'}}}}") from None
+    except ValueError:
+        raise UserError(f"{where}: total_time is not a number") from None
 
 
 def _parse_response(where: str, raw: dict) -> Response:

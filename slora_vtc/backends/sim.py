@@ -1,11 +1,14 @@
 """The simulated backend: step times from a model fitted to a measured cost profile (DESIGN 4).
 
 prefill(batch) = a + b * requests + c * prompt_tokens + overhead
-decode(batch)  = d + e * requests + f * context_tokens + overhead      (one decode step)
-The six coefficients are fitted by least squares on relative error to the profile's per-batch
-totals. The profile times the model's forward pass alone; `overhead` is what a serving stack adds
-to every forward pass (scheduling, detokenization, IPC), estimated from one measured run by
-`calibrate.py`. The same model then serves every figure: nothing is tuned per figure.
+decode(batch)  = d + e * max(0, requests - knee) + f * context_tokens + overhead   (one step)
+
+A decode step costs about the same for any batch up to the knee (reading the weights dominates),
+then grows with the batch; the A10G profile puts the knee near 34 requests. The coefficients are
+fitted by least squares on relative error to the profile's per-batch totals (the knee by search).
+The profile times the model's forward pass alone; `overhead` is what a serving stack adds to every
+forward pass (scheduling, detokenization, IPC), estimated from one measured run by `calibrate.py`.
+The same model then serves every figure: nothing is tuned per figure.
 """
 
 from dataclasses import dataclass, replace
@@ -21,7 +24,8 @@ from slora_vtc.request import Request
 @dataclass(frozen=True)
 class StepTimeModel:
     prefill_coef: tuple[float, float, float]  # seconds: per batch, per request, per prompt token
-    decode_coef: tuple[float, float, float]  # seconds: per step, per request, per context token
+    decode_coef: tuple[float, float, float]  # seconds: per step, per request past the knee, per context token
+    decode_knee: int = 0  # batch size up to which a decode step costs the same
     overhead_s: float = 0.0  # seconds the serving stack adds to every forward pass
 
     def prefill_time(self, num_reqs: int, prompt_tokens: int) -> float:
@@ -30,19 +34,16 @@ class StepTimeModel:
 
     def decode_time(self, num_reqs: int, context_tokens: int) -> float:
         d, e, f = self.decode_coef
-        return d + e * num_reqs + f * context_tokens + self.overhead_s
+        return d + e * max(0, num_reqs - self.decode_knee) + f * context_tokens + self.overhead_s
 
     @classmethod
     def fit(cls, points: list[ProfilePoint]) -> "StepTimeModel":
-        prefill_rows, prefill_y, decode_rows, decode_y = [], [], [], []
-        for p in points:
-            n, x, y = p.batch_size, p.input_len, p.output_len
-            prefill_rows.append([1.0, n, n * x])
-            prefill_y.append(n * p.prefill_s)
-            # y decode steps; at step k every request attends over x + k tokens
-            decode_rows.append([y, y * n, n * (y * x + y * (y + 1) / 2)])
-            decode_y.append(n * p.decode_s)
-        return cls(_fit_nonnegative(prefill_rows, prefill_y), _fit_nonnegative(decode_rows, decode_y))
+        prefill_rows = [[1.0, p.batch_size, p.batch_size * p.input_len] for p in points]
+        prefill = _fit_nonnegative(prefill_rows, [p.batch_size * p.prefill_s for p in points])
+        decode_y = [p.batch_size * p.decode_s for p in points]
+        fits = [(_fit_nonnegative(_decode_rows(points, knee), decode_y), knee) for knee in range(max(p.batch_size for p in points))]
+        decode, knee = min(fits, key=lambda fit: _relative_sse(_decode_rows(points, fit[1]), decode_y, fit[0]))
+        return cls(prefill, decode, knee)
 
     def residuals(self, points: list[ProfilePoint]) -> list[tuple[ProfilePoint, float, float]]:
         """(point, relative error of prefill, relative error of decode) of the forward-pass model."""
@@ -55,6 +56,17 @@ class StepTimeModel:
             decode = sum(self.decode_time(n, n * (x + k)) for k in range(1, y + 1)) / n
             out.append((p, _relative(prefill, p.prefill_s), _relative(decode, p.decode_s)))
         return out
+
+
+def _decode_rows(points: list[ProfilePoint], knee: int) -> list[list[float]]:
+    """Per point, the totals of each term over its y decode steps (step k attends over x + k)."""
+    return [[p.output_len, p.output_len * max(0, p.batch_size - knee),
+             p.batch_size * (p.output_len * p.input_len + p.output_len * (p.output_len + 1) / 2)] for p in points]
+
+
+def _relative_sse(rows, y, coef) -> float:
+    y = np.asarray(y)
+    return float((((np.asarray(rows) @ np.asarray(coef)) - y) / y) ** 2 @ np.ones(len(y)))
 
 
 def _relative(predicted: float, measured: float) -> float:

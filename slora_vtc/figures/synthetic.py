@@ -1,0 +1,67 @@
+"""Figures 3-10: each synthetic suite's service rate and response time per scheduler, and the
+absolute service difference where the paper compares schedulers. Measured curves are drawn
+dashed beside ours where the artifact's result files are available."""
+
+from pathlib import Path
+
+from slora_vtc.data import PAPER_RESULTS, data_file
+from slora_vtc.experiment import Experiment
+from slora_vtc.figures.base import Figure, Results, run_numbers
+from slora_vtc.figures.plot import MEASURED_STYLE, panels, response_time_panel, save, service_difference_panel, service_rate_panel
+from slora_vtc.results import RunResult, read_results
+from slora_vtc.workloads import SUITES
+
+
+def measured_run(filename: str) -> RunResult | None:
+    path = data_file(f"{PAPER_RESULTS}/{filename}")
+    return read_results(path)[0] if path else None
+
+
+def suite_figure(suite_name: str, measured: dict[str, str] | None = None, durations: dict[str, float] | None = None) -> Figure:
+    """`durations` overrides the suite's per scheduler, to match a measured run's own duration."""
+    suite = SUITES[suite_name]
+    schedulers = suite.schedulers
+    duration = {s: (durations or {}).get(s, suite.duration) for s in schedulers}
+    experiments = tuple(Experiment(suite_name, s, duration=(durations or {}).get(s)) for s in schedulers)
+
+    def draw(results: Results, out: Path) -> dict:
+        runs = {s: results[e] for s, e in zip(schedulers, experiments)}
+        truth = {s: measured_run(f) for s, f in (measured or {}).items()}
+        truth = {s: r for s, r in truth.items() if r is not None}
+        compare = len(schedulers) > 1
+        fig, axes = panels(6, rows=2) if compare else panels(2)
+        for k, s in enumerate(schedulers):
+            row = axes[3 * k:] if compare else axes
+            service_rate_panel(row[0], runs[s], duration[s], f"{s.upper()}: service rate", measured=truth.get(s))
+            response_time_panel(row[1], runs[s], duration[s], f"{s.upper()}: response time", measured=truth.get(s))
+        if compare:
+            axes[5].set_visible(False)
+            curves = {f"{s.upper()} (sim)": (runs[s], duration[s]) for s in schedulers}
+            styles = {f"{s.upper()} (sim)": {"color": f"C{k}"} for k, s in enumerate(schedulers)}
+            for k, s in enumerate(schedulers):
+                if s in truth:
+                    label = f"{s.upper()} (measured)"
+                    curves[label] = (truth[s], duration[s])
+                    styles[label] = {"color": f"C{k}", **MEASURED_STYLE}
+            service_difference_panel(axes[2], curves, "absolute service difference", styles=styles)
+        fig.suptitle(f"{suite.name}: {suite.description} (paper Fig {suite.figure})")
+        save(fig, out / f"{suite_name}.png")
+        numbers = {s: run_numbers(r, duration[s]) for s, r in runs.items()}
+        for s, r in truth.items():
+            numbers[f"{s} (measured)"] = run_numbers(r, duration[s])
+        return numbers
+
+    return Figure(suite_name, suite.figure, suite.description, experiments, draw)
+
+
+FIGURES = [
+    # the artifact's measured VTC run lasted 360 s, its FCFS run 600 s: ours match them
+    suite_figure("overload", measured={"vtc": "vtc_overload.jsonl", "fcfs": "fcfs_overload.jsonl"}, durations={"vtc": 360.0}),
+    suite_figure("proportional"),
+    suite_figure("on_off_less"),
+    suite_figure("on_off_overload"),
+    suite_figure("poisson_short_long"),
+    suite_figure("poisson_short_long_2"),
+    suite_figure("increase"),
+    suite_figure("dist_shift"),
+]
