@@ -11,7 +11,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.experiment import BACKENDS, COSTS, Experiment, cost_function, run_experiment
 from slora_vtc.memory import fits_alone
 from slora_vtc.results import RunResult, write_results
-from slora_vtc.sched import SCHEDULERS, Lift
+from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler
 from slora_vtc.workloads import SUITES, get_suite
 
 
@@ -41,9 +41,9 @@ def _check(exp: Experiment) -> None:
     get_suite(exp.suite)
     if exp.pool_tokens is not None and exp.pool_tokens <= 0:
         raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
-    cost_function(exp.cost, exp.profile)
-    exp.scheduler_options()
-    requests = exp.workload().requests()
+    workload = exp.workload()
+    build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    requests = workload.requests()
     if requests and not any(fits_alone(r, exp.engine_config()) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
         raise UserError(f"a pool of {exp.engine_config().pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")

@@ -28,6 +28,8 @@ def load_profile(path: str | Path) -> list[ProfilePoint]:
         raw = json.loads(path.read_text())
     except OSError as e:
         raise UserError(f"{path}: cannot read profile ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text (JSON) file") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     if not isinstance(raw, dict) or not raw:

@@ -1,0 +1,97 @@
+"""The command line: results on good input, one-line errors (exit status 2) on bad input."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slora_vtc.cli import main
+from slora_vtc.results import read_results
+from slora_vtc.sched import SCHEDULERS
+from slora_vtc.workloads import SUITES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--suite", "nope", "--scheduler", "vtc"], "unknown suite 'nope'"),
+    (["run", "--suite", "overload", "--scheduler", "nope", "--duration", "10"], "unknown scheduler 'nope'"),
+    (["run", "--suite", "overload", "--scheduler", "rpm:abc", "--duration", "10"], "'abc' is not an integer"),
+    (["run", "--suite", "overload", "--scheduler", "wvtc:1,0", "--duration", "10"], "weights must be positive"),
+    (["run", "--suite", "overload", "--scheduler", "wvtc:-1,2", "--duration", "10"], "weights must be positive"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--pool-tokens", "300"], "cannot hold a single request"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--pool-tokens", "0"], "must be positive"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "-5"], "duration must be positive"),
+    (["compare", "--suite", "overload", "--schedulers", "rpm:0,vtc", "--duration", "10"], "must be positive"),
+    (["compare", "--suite", "overload", "--schedulers", "vtc,rpm:0", "--duration", "10"], "must be positive"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)  # a run would write results/ here
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith("slora-vtc: error:") and message in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text", ["{broken", '{"8": {"1": [1, 0.1]}}'])
+@pytest.mark.parametrize("cost", ["linear", "profile"])
+def test_profile_that_does_not_parse(capsys, tmp_path, text, cost):
+    profile = tmp_path / "profile.json"
+    profile.write_text(text)
+    code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10",
+                           "--cost", cost, "--profile", str(profile), "--out", str(tmp_path / "r.jsonl"))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and str(profile) in err and "Traceback" not in err
+
+
+def test_run_writes_a_result_file(capsys, tmp_path):
+    out_file = tmp_path / "out" / "vtc.jsonl"
+    code, out, _ = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc", "--duration", "60", "--out", str(out_file))
+    assert code == 0
+    assert f"wrote {out_file}" in out
+    (result,) = read_results(out_file)
+    assert result.config["suite"] == "overload" and result.config["scheduler"] == "vtc"
+    assert result.config["duration"] == 60 and result.config["pool_tokens"] == 10_000
+    assert len(result.responses) == int(1.5 * 60) + int(3 * 60)
+    assert result.count("finished") == len(result.responses)
+    assert result.clients == ["client0", "client1"]
+
+
+def test_compare_prints_a_row_per_scheduler(capsys):
+    code, out, _ = run_cli(capsys, "compare", "--suite", "overload", "--schedulers", "vtc,fcfs,rpm:30", "--duration", "60")
+    assert code == 0
+    header, *rows = out.strip().splitlines()
+    assert "scheduler" in header and "throughput" in header
+    assert [row.split()[0] for row in rows] == ["vtc", "fcfs", "rpm:30"]
+
+
+def test_list_names_every_suite_and_scheduler(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    words = set(out.replace(":", " ").split())
+    assert set(SUITES) <= words
+    assert set(SCHEDULERS) <= words
+
+
+def test_python_dash_m_list():
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, "-m", "slora_vtc", "list"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "overload" in proc.stdout and "vtc" in proc.stdout
+
+
+def test_python_dash_m_bad_suite():
+    proc = subprocess.run([sys.executable, "-m", "slora_vtc", "run", "--suite", "nope", "--scheduler", "vtc"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["slora-vtc: error: unknown suite 'nope' (known: " + ", ".join(SUITES) + ")"]

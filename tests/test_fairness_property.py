@@ -1,0 +1,84 @@
+"""VTC's fairness bound (paper Theorem 4.4) on random backlogged workloads; FCFS breaks it.
+
+Two clients that are both backlogged (always have waiting requests) must stay within
+2 * max(w_p * max_input_len, w_q * M) of each other, M being the pool size in tokens: both in
+VTC counters and in the service actually delivered (prompt at prefill, w_q per output token).
+"""
+
+from conftest import make_engine, req
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slora_vtc.request import State
+from slora_vtc.sched import build_scheduler
+
+POOL = 600
+W_P, W_Q = 1, 2
+
+
+def bound(requests) -> float:
+    return 2 * max(W_P * max(r.prompt_len for r in requests), W_Q * POOL)
+
+
+def run_backlogged(spec, requests):
+    """Serve the requests; return per-step (counter difference, service difference) while both
+    clients have waiting requests."""
+    sched = build_scheduler(spec, ["a", "b"])
+    engine = make_engine(sched, pool_tokens=POOL)
+    diffs = []
+
+    def delivered(client):
+        return sum(W_P * r.prompt_len + W_Q * r.generated for r in requests if r.client == client and r.generated)
+
+    def on_step():
+        waiting = {r.client for r in requests if r.state is State.WAITING}
+        if waiting == {"a", "b"}:
+            counters = abs(sched.counter("a") - sched.counter("b")) if hasattr(sched, "counter") else None
+            diffs.append((counters, abs(delivered("a") - delivered("b"))))
+
+    engine.run(requests, on_step=on_step)
+    assert all(r.state is State.FINISHED for r in requests)
+    return diffs
+
+
+@st.composite
+def backlogged_workload(draw):
+    """Each client has its own length ranges (so their requests differ in shape), all sent at t=0."""
+    requests = []
+    for client in "ab":
+        n = draw(st.integers(5, 60))
+        p_hi, o_hi = draw(st.integers(1, 200)), draw(st.integers(1, 200))
+        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
+        requests += [req(client, p, o, 0.0) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
+    return draw(st.permutations(requests))
+
+
+@settings(max_examples=25, deadline=None)
+@given(backlogged_workload())
+def test_vtc_keeps_backlogged_clients_within_the_bound(requests):
+    limit = bound(requests)
+    for counter_diff, service_diff in run_backlogged("vtc", requests):
+        assert counter_diff <= limit
+        assert service_diff <= limit
+
+
+def two_to_one():
+    """Client b sends twice as fast as a, both far above capacity (every arrival within 0.2 s)."""
+    a = [req("a", 100, 100, 0.002 * k) for k in range(40)]
+    b = [req("b", 100, 100, 0.001 * k + 0.0005) for k in range(80)]
+    return a + b
+
+
+def test_fcfs_service_difference_grows_past_the_bound():
+    requests = two_to_one()
+    diffs = [s for _, s in run_backlogged("fcfs", requests)]
+    assert max(diffs) > 2 * bound(requests)
+    assert diffs[-1] > diffs[len(diffs) // 2] > diffs[len(diffs) // 4]  # and keeps growing
+
+
+def test_vtc_on_the_same_workload_stays_within_the_bound():
+    requests = two_to_one()
+    diffs = run_backlogged("vtc", requests)
+    assert len(diffs) > 100
+    assert max(s for _, s in diffs) <= bound(requests)
+    assert max(c for c, _ in diffs) <= bound(requests)
