@@ -78,7 +78,10 @@ class Engine:
         return False
 
     def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None) -> list[Request]:
-        """Serve requests arriving at their `arrival` times until every one has ended."""
+        """Serve requests arriving at their `arrival` times until every one has ended.
+
+        `on_step`, if given, is called after every forward pass (to observe the engine mid-run).
+        """
         pending = sorted(requests, key=lambda r: r.arrival)
         nxt = 0
         while nxt < len(pending) or self.busy:
