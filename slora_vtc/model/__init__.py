@@ -1,0 +1,1 @@
+"""The real Llama model over the unified pool (DESIGN section 5)."""
