@@ -15,8 +15,10 @@ from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler
 from slora_vtc.workloads import SUITES, get_suite
 
 
-def _experiment_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", required=True, help="workload suite (see `slora-vtc list`)")
+def _experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
+    if suite:
+        p.add_argument("--suite", required=True, help="workload suite (see `slora-vtc list`)")
+        p.add_argument("--trace", help="trace file for the `real` suite (default: the paper's LMSYS trace in the shared data folder)")
     p.add_argument("--backend", default="sim", choices=BACKENDS)
     p.add_argument("--pool-tokens", type=int, help="memory pool size in tokens (default: the suite's)")
     p.add_argument("--duration", type=float, help="workload duration in seconds (default: the suite's)")
@@ -30,7 +32,7 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 def _experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
         args.suite, scheduler, args.pool_tokens, args.duration, args.seed, args.cost, args.lift,
-        args.extra_charge_at_finish, args.profile, args.backend,
+        args.extra_charge_at_finish, args.profile, args.backend, args.trace,
     )
     _check(exp)
     return exp
@@ -67,6 +69,24 @@ def cmd_run(args) -> int:
     write_results(out, [result])
     print(pd.DataFrame([summary_row(result)]).to_string(index=False, float_format="%.1f"))
     print(f"wrote {out}")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    args.suite, args.trace = "real", args.trace_file
+    return cmd_run(args)
+
+
+def cmd_trace_build(args) -> int:
+    from slora_vtc.traces import write_trace
+    from slora_vtc.traces.build import build_trace
+    from slora_vtc.traces.tokenize import token_counter
+
+    count, bos = token_counter(args.tokenizer)
+    records, stats = build_trace(args.raw_file, args.rate, args.duration, count, bos, args.seed)
+    write_trace(records, args.out)
+    print(f"{stats.records} records, {stats.single_turn} single-turn chats, {stats.too_long} dropped (a length >= 1024), "
+          f"{stats.sampled} requests from {stats.clients} clients sampled over {args.duration:g} s -> {args.out}")
     return 0
 
 
@@ -131,6 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     figures.add_argument("--out", default="figures")
     figures.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     figures.set_defaults(func=cmd_figures)
+
+    replay = sub.add_parser("replay", help="replay a trace file (JSONL / CSV / the paper's JSON / the artifact's .pkl)")
+    replay.add_argument("trace_file", help="the trace to replay")
+    _experiment_args(replay, suite=False)
+    replay.add_argument("--scheduler", required=True, help="scheduler spec, as for `run`")
+    replay.add_argument("--out", help="result file (default: results/real_SCHEDULER.jsonl)")
+    replay.set_defaults(func=cmd_replay)
+
+    trace = sub.add_parser("trace", help="build a trace from Chatbot Arena conversation logs")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True)
+    build = trace_sub.add_parser("build", help="raw logs (JSON, JSONL or parquet) -> trace (JSONL, or CSV by extension)")
+    build.add_argument("raw_file")
+    build.add_argument("--rate", type=float, required=True, help="requests per second to sample")
+    build.add_argument("--duration", type=float, required=True, help="seconds the sampled requests are spread over")
+    build.add_argument("--out", required=True)
+    build.add_argument("--tokenizer", help="local Hugging Face tokenizer folder (default: an approximate count)")
+    build.add_argument("--seed", type=int, default=42)
+    build.set_defaults(func=cmd_trace_build)
 
     lst = sub.add_parser("list", help="name every suite, scheduler and figure")
     lst.set_defaults(func=cmd_list)

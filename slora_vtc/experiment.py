@@ -41,12 +41,13 @@ class Experiment:
     extra_charge_at_finish: bool = False
     profile: str | None = None  # a cost-profile file to calibrate the simulator (and cost) with
     backend: str = "sim"
+    trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(pool_tokens=self.pool_tokens or get_suite(self.suite).pool_tokens)
 
     def workload(self) -> Workload:
-        return get_suite(self.suite).workload(self.duration, self.seed)
+        return get_suite(self.suite).workload(self.duration, self.seed, self.trace)
 
     def scheduler_options(self) -> SchedulerOptions:
         try:

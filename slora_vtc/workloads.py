@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slora_vtc.config import DEFAULT_POOL_TOKENS
+from slora_vtc.data import REAL_TRACE
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 
@@ -125,23 +126,45 @@ def dist_shift(duration: float, seed: int) -> list[RequestSpec]:
     return specs
 
 
+MISSING_TRACE = (
+    "the '{suite}' suite replays the LMSYS Chatbot Arena trace, and {path} is missing. Either put "
+    "the trace there (or point $SLORA_VTC_DATA at its folder), pass --trace FILE (JSONL "
+    "or CSV with client, prompt_len, output_len, req_time), or build a trace from Chatbot Arena "
+    "logs: slora-vtc trace build RAW.jsonl --rate 2.5 --duration 600 --out trace.jsonl"
+)
+
+
 @dataclass(frozen=True)
 class Suite:
+    """A workload of the paper: generated (seeded), or replayed from a trace file (`trace`)."""
+
     name: str
     figure: str
     description: str
-    num_clients: int
+    num_clients: int  # for a trace suite, the clients come from the trace
     duration: float
-    generate: Callable[[float, int], list[RequestSpec]]
+    generate: Callable[[float, int], list[RequestSpec]] | None = None
     pool_tokens: int = DEFAULT_POOL_TOKENS
     schedulers: tuple[str, ...] = ("vtc",)
+    trace: str | None = None  # the shared data file a trace suite replays by default
 
-    def workload(self, duration: float | None = None, seed: int = 42) -> Workload:
+    def workload(self, duration: float | None = None, seed: int = 42, trace_path: str | None = None) -> Workload:
         duration = self.duration if duration is None else duration
         if duration <= 0:
             raise UserError(f"duration must be positive, got {duration}")
+        if self.trace is not None:
+            return self._replay(duration, trace_path)
         specs = self.generate(duration, seed)
         return Workload(self.name, client_names(self.num_clients), duration, tuple(specs))
+
+    def _replay(self, duration: float, trace_path: str | None) -> Workload:
+        from slora_vtc.data import data_dir, data_file
+        from slora_vtc.traces import read_trace, trace_workload
+
+        path = trace_path or data_file(self.trace)
+        if path is None:
+            raise UserError(MISSING_TRACE.format(suite=self.name, path=data_dir() / self.trace))
+        return trace_workload(self.name, read_trace(path), duration)
 
 
 def _per_min(*rates: float) -> list[float]:
@@ -175,6 +198,8 @@ SUITES: dict[str, Suite] = {
               uniform(_per_min(24, 48, 72, 96)), schedulers=("vtc", "wvtc:1,2,3,4")),
         Suite("overload_multi", "19", "8 clients 24 x3, 36 x5 req/min, 256/256", 8, 360,
               uniform(_per_min(24, 24, 24, 36, 36, 36, 36, 36)), schedulers=("vtc", "vtc-pred:0.5", "vtc-oracle")),
+        Suite("real", "11-14, 18, 20", "LMSYS Chatbot Arena trace: 27 clients, 1500 requests in 600 s", 27, 600,
+              trace=REAL_TRACE, schedulers=("vtc", "fcfs", "lcf", "rpm:5", "rpm:10", "rpm:15", "rpm:20", "rpm:30")),
     ]
 }
 

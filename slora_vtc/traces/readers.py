@@ -1,0 +1,133 @@
+"""Trace files: one request per record with client, prompt_len, output_len, req_time.
+
+Formats: our JSONL (one object per line) or CSV (a header row), the paper's JSON
+(`{"requests": [...]}`, as in ../shared/data/lmsys_real_trace.json), and the artifact's pickle
+(through a restricted unpickler). Every problem is a UserError naming file, line and field.
+"""
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slora_vtc.errors import UserError
+from slora_vtc.results import client_sort_key
+from slora_vtc.workloads import RequestSpec, Workload
+
+FIELDS = ("client", "prompt_len", "output_len", "req_time")
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    client: str
+    prompt_len: int
+    output_len: int
+    req_time: float
+
+
+def read_trace(path: str | Path) -> list[TraceRecord]:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such trace file")
+    if path.suffix == ".pkl":
+        from slora_vtc.traces.artifact_pickle import read_artifact_pickle
+
+        return _checked(path, [(None, r) for r in read_artifact_pickle(path)])
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (traces are JSONL, CSV, JSON or the artifact's .pkl)") from None
+    if path.suffix == ".csv":
+        rows = [(n, row) for n, row in enumerate(csv.DictReader(text.splitlines()), start=2)]
+    elif text.lstrip().startswith("{") and path.suffix == ".json":
+        rows = _paper_json(path, text)
+    else:
+        rows = [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    return _checked(path, rows)
+
+
+def _paper_json(path: Path, text: str) -> list[tuple[int | None, dict]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
+        raise UserError(f"{path}: expected {{'requests': [...]}} (or one JSON object per line)")
+    return [(None, r) for r in data["requests"]]
+
+
+def _json_line(path: Path, lineno: int, line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[TraceRecord]:
+    records = []
+    for index, (lineno, row) in enumerate(rows):
+        where = f"{path}:{lineno}" if lineno is not None else f"{path}: request {index}"
+        record = _record(where, row)
+        if records and record.req_time < records[-1].req_time:
+            raise UserError(f"{where}: field 'req_time' goes back in time ({record.req_time} after {records[-1].req_time}); sort the trace by req_time")
+        records.append(record)
+    if not records:
+        raise UserError(f"{path}: the trace has no requests")
+    return records
+
+
+def _record(where: str, row) -> TraceRecord:
+    if not isinstance(row, dict):
+        row = vars(row) if hasattr(row, "__dict__") else row
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a record with fields {', '.join(FIELDS)}")
+    if "client" not in row and "adapter_dir" in row:
+        row = {**row, "client": row["adapter_dir"]}
+    for name in FIELDS:
+        if row.get(name) in (None, ""):
+            raise UserError(f"{where}: missing field '{name}'")
+    prompt_len, output_len = _count(where, row, "prompt_len"), _count(where, row, "output_len")
+    try:
+        req_time = float(row["req_time"])
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field 'req_time' is not a number: {row['req_time']!r}") from None
+    if not math.isfinite(req_time) or req_time < 0:
+        raise UserError(f"{where}: field 'req_time' must be a finite time >= 0, got {req_time}")
+    return TraceRecord(str(row["client"]), prompt_len, output_len, req_time)
+
+
+def _count(where: str, row: dict, name: str) -> int:
+    value = row[name]
+    try:
+        count = int(value)
+        if count != float(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field '{name}' is not a whole number: {value!r}") from None
+    if count <= 0:
+        raise UserError(f"{where}: field '{name}' must be positive, got {count}")
+    return count
+
+
+def write_trace(records: list[TraceRecord], path: str | Path) -> None:
+    """JSONL, or CSV when the file name ends in .csv."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(asdict(r) for r in records)
+    else:
+        path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+
+
+def trace_workload(name: str, records: list[TraceRecord], duration: float | None = None) -> Workload:
+    """A replayable workload; with a duration, only requests sent before it are kept."""
+    span = records[-1].req_time if records else 0.0
+    duration = span if duration is None else duration
+    kept = [r for r in records if r.req_time <= duration]
+    clients = tuple(sorted({r.client for r in records}, key=client_sort_key))
+    specs = tuple(RequestSpec(r.client, r.prompt_len, r.output_len, r.req_time) for r in kept)
+    return Workload(name, clients, duration, specs)
