@@ -37,10 +37,12 @@ def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache:
     v_cache[slots] = v.to(v_cache.dtype)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+                      max_seqlen: int | None = None) -> torch.Tensor:
     """Causal attention within each request of a ragged batch (no padding).
 
     q: [T, Hq, D]; k, v: [T, Hk, D]; cu_seqlens: [B + 1] offsets of each request's tokens.
+    max_seqlen: the longest request, if known (the Triton version sizes its grid with it; unused here).
     """
     out = torch.empty_like(q)
     group = q.shape[1] // k.shape[1]
@@ -63,10 +65,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """
     group = q.shape[1] // k_cache.shape[1]
     max_len = slot_table.shape[1]
-    k = k_cache[slot_table].float().repeat_interleave(group, dim=2)  # [B, L, Hq, D]
-    v = v_cache[slot_table].float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * scale
     valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
+    # slots past a request's length may hold anything (NaN in a fresh torch.empty pool): zero them
+    ignored = ~valid[:, :, None, None]
+    k = k_cache[slot_table].float().masked_fill(ignored, 0).repeat_interleave(group, dim=2)  # [B, L, Hq, D]
+    v = v_cache[slot_table].float().masked_fill(ignored, 0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     return torch.einsum("bhl,blhd->bhd", scores.softmax(-1), v).to(q.dtype)
 
@@ -84,15 +88,39 @@ def lora_shrink(x: torch.Tensor, k_cache: torch.Tensor, lora_slots: torch.Tensor
     """y[t] = A_p(adapter of t) @ x[t]. x: [T, in]; adapter_ids: [T] (-1: no adapter, y = 0) -> [T, r] fp32."""
     a = lora_rows(k_cache, lora_slots, proj, rank, x.shape[1]).float()  # [A, r, in]
     y = torch.zeros(x.shape[0], rank, dtype=torch.float32, device=x.device)
-    has = adapter_ids >= 0
-    if has.any():
-        y[has] = torch.einsum("tri,ti->tr", a[adapter_ids[has]], x[has].float())
+    for adapter in _used_adapters(adapter_ids):
+        rows = adapter_ids == adapter
+        y[rows] = x[rows].float() @ a[adapter].T
     return y
 
 
 def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, lora_slots: torch.Tensor, adapter_ids: torch.Tensor, proj: int, rank: int, out: torch.Tensor, scale: float) -> None:
     """out[t] += scale * B_p(adapter of t) @ y[t], in place. y: [T, r]; out: [T, out_dim]."""
     b = lora_rows(v_cache, lora_slots, proj, rank, out.shape[1]).float()  # [A, r, out]
-    has = adapter_ids >= 0
-    if has.any():
-        out[has] += (scale * torch.einsum("tro,tr->to", b[adapter_ids[has]], y[has].float())).to(out.dtype)
+    for adapter in _used_adapters(adapter_ids):
+        rows = adapter_ids == adapter
+        out[rows] += (scale * (y[rows].float() @ b[adapter])).to(out.dtype)
+
+
+def _used_adapters(adapter_ids: torch.Tensor) -> list[int]:
+    """The adapters some token uses (one matmul each, not a [T, r, dim] gather of weights per token)."""
+    return adapter_ids[adapter_ids >= 0].unique().tolist()
+
+
+def segment_adapter_ids(cu_seqlens: torch.Tensor, segment_adapters: torch.Tensor) -> torch.Tensor:
+    """Per-token adapter ids [T] from one adapter per request segment."""
+    return segment_adapters.repeat_interleave(cu_seqlens[1:] - cu_seqlens[:-1])
+
+
+def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, lora_slots: torch.Tensor, cu_seqlens: torch.Tensor,
+                         segment_adapters: torch.Tensor, proj: int, rank: int, max_seqlen: int | None = None) -> torch.Tensor:
+    """lora_shrink for a prefill batch: request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] use adapter
+    segment_adapters[b] (-1: none). cu_seqlens[-1] == T. max_seqlen as in prefill_attention."""
+    return lora_shrink(x, k_cache, lora_slots, segment_adapter_ids(cu_seqlens, segment_adapters), proj, rank)
+
+
+def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, lora_slots: torch.Tensor, cu_seqlens: torch.Tensor,
+                         segment_adapters: torch.Tensor, proj: int, rank: int, out: torch.Tensor, scale: float,
+                         max_seqlen: int | None = None) -> None:
+    """lora_expand for a prefill batch, one adapter per request segment (see lora_shrink_segments)."""
+    lora_expand(y, v_cache, lora_slots, segment_adapter_ids(cu_seqlens, segment_adapters), proj, rank, out, scale)
