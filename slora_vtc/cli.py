@@ -1,4 +1,4 @@
-"""`slora-vtc` command line: run | compare | figures | list | calibrate."""
+"""`slora-vtc` command line: run | compare | replay | figures | list | calibrate | trace | generate | profile."""
 
 import argparse
 import sys
@@ -27,12 +27,26 @@ def _experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument("--profile", help="cost-profile JSON to calibrate the simulator (and the profiled cost) with")
     p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
     p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
+    p.add_argument("--adapters", type=int, help="LoRA adapters the clients share, client i using adapter i mod N (default: one per client; 0: none)")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of every LoRA adapter (default 8)")
+    real = p.add_argument_group("real backends (torch, triton)")
+    _model_args(real)
+    real.add_argument("--time-scale", type=float, default=1.0, help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)")
+
+
+def _model_args(p, backend: bool = False) -> None:
+    if backend:
+        p.add_argument("--backend", default="torch", choices=[b for b in BACKENDS if b != "sim"])
+    p.add_argument("--model", help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: tiny on torch, llama-7b on triton)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cpu for torch, cuda for triton)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU")
 
 
 def _experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
         args.suite, scheduler, args.pool_tokens, args.duration, args.seed, args.cost, args.lift,
-        args.extra_charge_at_finish, args.profile, args.backend, args.trace,
+        args.extra_charge_at_finish, args.profile, args.backend, args.trace, args.model, args.adapters,
+        args.adapter_rank, args.time_scale, args.device, args.dtype,
     )
     _check(exp)
     return exp
@@ -43,12 +57,25 @@ def _check(exp: Experiment) -> None:
     get_suite(exp.suite)
     if exp.pool_tokens is not None and exp.pool_tokens <= 0:
         raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
+    _check_adapters(exp)
     workload = exp.workload()
     build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    requests = workload.requests()
+    requests = exp.requests(workload)
     if requests and not any(fits_alone(r, exp.engine_config()) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
         raise UserError(f"a pool of {exp.engine_config().pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+
+
+def _check_adapters(exp: Experiment) -> None:
+    if not exp.real_backend and (exp.model or exp.device or exp.dtype or exp.time_scale != 1.0):
+        raise UserError("--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)")
+    if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank < 0:
+        raise UserError("--adapters and --adapter-rank must not be negative")
+    if exp.time_scale <= 0:
+        raise UserError(f"--time-scale must be positive, got {exp.time_scale}")
+    config = exp.engine_config()  # on a real backend this reads the model spec: a bad --model fails here
+    if exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
+        raise UserError(f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens")
 
 
 def summary_row(result: RunResult) -> dict:
@@ -124,6 +151,45 @@ def cmd_figures(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    from slora_vtc.model.sampling import SamplingParams
+    from slora_vtc.realrun import generate
+
+    prompts = [_ids(text) for text in args.prompt_ids]
+    sampling = SamplingParams() if args.greedy else SamplingParams(args.temperature, args.top_k, args.top_p)
+    outputs = generate(args.model or "tiny", prompts, args.max_new_tokens, sampling, args.ignore_eos, args.backend,
+                       args.device, args.dtype, args.seed, args.pool_tokens)
+    for ids in outputs:
+        print(",".join(map(str, ids)))
+    return 0
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--prompt-ids takes comma-separated integers, got '{text}'") from None
+
+
+def cmd_profile(args) -> int:
+    from slora_vtc.profile import save_profile
+    from slora_vtc.realrun import ARTIFACT_GRID, measure_profile
+
+    if args.pool_tokens <= 0:
+        raise UserError(f"--pool-tokens must be positive, got {args.pool_tokens}")
+    grid = ARTIFACT_GRID
+    if args.inputs or args.outputs:
+        grid = tuple((i, o) for i in _ids(args.inputs or "8,64,256,512") for o in _ids(args.outputs or "1,64,128,256"))
+    points = measure_profile(args.backend, args.model or ("llama-7b" if args.backend == "triton" else "tiny"), args.pool_tokens,
+                             grid, args.device, args.dtype, args.max_batch, progress=True)
+    save_profile(points, args.out)
+    rows = [{"input": p.input_len, "output": p.output_len, "batch": p.batch_size, "prefill_ms": 1000 * p.prefill_s,
+             "decode_ms": 1000 * p.decode_s} for p in points]
+    print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from slora_vtc.calibrate import calibration_report
 
@@ -169,6 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--tokenizer", help="local Hugging Face tokenizer folder (default: an approximate count)")
     build.add_argument("--seed", type=int, default=42)
     build.set_defaults(func=cmd_trace_build)
+
+    gen = sub.add_parser("generate", help="generate token ids with the real model (one line per prompt, comma separated)")
+    _model_args(gen, backend=True)
+    gen.add_argument("--prompt-ids", action="append", required=True, help="comma-separated token ids; repeat for a batch")
+    gen.add_argument("--max-new-tokens", type=int, default=16)
+    gen.add_argument("--greedy", action="store_true", help="argmax decoding (otherwise: sample)")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0, help="0: off")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    gen.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
+    gen.add_argument("--pool-tokens", type=int, help="memory pool in tokens (default: just enough)")
+    gen.set_defaults(func=cmd_generate)
+
+    prof = sub.add_parser("profile", help="measure prefill and decode time per request on this hardware; writes a cost profile")
+    _model_args(prof, backend=True)
+    prof.add_argument("--out", required=True, help="profile JSON (the format of the artifact's A10G profile)")
+    prof.add_argument("--pool-tokens", type=int, default=10_000, help="pool size; pool // (input + output) requests run together")
+    prof.add_argument("--inputs", help="comma-separated input lengths (default: the artifact's grid)")
+    prof.add_argument("--outputs", help="comma-separated output lengths (default: the artifact's grid)")
+    prof.add_argument("--max-batch", type=int, help="at most this many requests per point")
+    prof.set_defaults(func=cmd_profile)
 
     lst = sub.add_parser("list", help="name every suite, scheduler and figure")
     lst.set_defaults(func=cmd_list)

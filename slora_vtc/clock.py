@@ -35,18 +35,25 @@ class VirtualClock(Clock):
 
 
 class WallClock(Clock):
-    """Real time for real runs, measured from construction."""
+    """Real time for real runs, measured from construction.
 
-    def __init__(self):
+    With `scale` s, s workload seconds pass per wall-clock second: arrivals come s times faster
+    and every step looks s times longer, as if the hardware were s times slower.
+    """
+
+    def __init__(self, scale: float = 1.0):
+        if scale <= 0:
+            raise ValueError(f"time scale must be positive, got {scale}")
+        self.scale = scale
         self._start = time.perf_counter()
 
     def now(self) -> float:
-        return time.perf_counter() - self._start
+        return (time.perf_counter() - self._start) * self.scale
 
     def advance(self, seconds: float) -> None:
         pass
 
     def wait_until(self, t: float) -> None:
-        delay = t - self.now()
+        delay = (t - self.now()) / self.scale
         if delay > 0:
             time.sleep(delay)

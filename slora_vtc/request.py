@@ -30,6 +30,8 @@ class Request:
     finish_time: float | None = None
     kv_slots: list = field(default_factory=list)  # pool slot indices, chunk per allocation
     reason: str = ""  # why a request was rejected or aborted
+    stop_token: int | None = None  # end early once this token is generated (EOS); None: ignore EOS
+    stopped: bool = False
 
     @property
     def held_tokens(self) -> int:
@@ -42,7 +44,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self.generated >= self.max_new_tokens
+        return self.stopped or self.generated >= self.max_new_tokens
 
     @property
     def ended(self) -> bool:
@@ -51,6 +53,7 @@ class Request:
     def append_token(self, token: int | None, now: float) -> None:
         if token is not None:
             self.output_ids.append(token)
+            self.stopped = token == self.stop_token
         self.generated += 1
         if self.first_token_time is None:
             self.first_token_time = now

@@ -27,7 +27,8 @@ class Response:
         served = req.state is State.FINISHED
         first = req.first_token_time - req.arrival if served else -1.0
         total = req.finish_time - req.arrival if served else -1.0
-        return cls(req.client, req.prompt_len, req.max_new_tokens, req.arrival, first, total, req.state.value)
+        output_len = req.generated if served else req.max_new_tokens  # fewer when stopped at EOS
+        return cls(req.client, req.prompt_len, output_len, req.arrival, first, total, req.state.value)
 
 
 @dataclass(frozen=True)

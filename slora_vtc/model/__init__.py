@@ -1,1 +1,10 @@
-"""The real Llama model over the unified pool (DESIGN section 5)."""
+"""The real Llama model over the unified pool (DESIGN section 5).
+
+spec.py      which model a name or Hugging Face folder means (torch-free)
+weights.py   dummy weights from a ModelSpec, or a folder's safetensors
+pool.py      the pool's K/V buffers on the device (KV tokens and LoRA rows share them)
+llama.py     the forward pass: prefill over ragged prompts, decode through slot tables
+lora.py      adapters and their layout in the pool
+sampling.py  greedy, temperature, top-k, top-p
+ops.py       the kernel set a model runs on; torch_ops.py is the CPU one
+"""

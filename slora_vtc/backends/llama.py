@@ -1,0 +1,261 @@
+"""The real backend: a Llama model behind the same engine and schedulers as the simulator.
+
+Steps are timed on the wall clock (after a device sync). Per running request the backend keeps,
+on the device, a row of a slot table (the request's pool slots), its length, its last token and
+its adapter; a decode step reads the batch's rows with one gather instead of rebuilding tensors
+from Python lists. A step that raises is retried request by request, so one failing request is
+reported in StepResult.failed (the engine aborts it) while the others keep being served.
+"""
+
+import logging
+import os
+import time
+from itertools import accumulate, chain
+
+import numpy as np
+import torch
+
+from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.errors import UserError
+from slora_vtc.model.llama import Decode, Llama, LoraBatch, Prefill
+from slora_vtc.model.lora import LoraWeights, adapter_slots, dummy_adapter, write_adapter
+from slora_vtc.model.ops import load_ops
+from slora_vtc.model.pool import KVPool
+from slora_vtc.model.sampling import SamplingParams, sample
+from slora_vtc.model.spec import resolve_spec
+from slora_vtc.model.weights import load_weights
+from slora_vtc.request import Request
+
+log = logging.getLogger(__name__)
+
+BACKEND_OPS = {"torch": "torch", "triton": "triton"}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+FIRST_DUMMY_TOKEN = 3  # dummy prompts avoid the special tokens 0-2 (unk, bos, eos in Llama's vocabulary)
+
+
+class RequestRows:
+    """Device-side state of the running requests, one row each; rows are reused after release."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.table = torch.zeros((0, 0), dtype=torch.int64, device=device)  # pool slots, by position
+        self.lens = torch.zeros(0, dtype=torch.int64, device=device)  # tokens whose K/V are in the pool
+        self.last = torch.zeros(0, dtype=torch.int64, device=device)  # the token the next decode step feeds
+        self.adapter = torch.zeros(0, dtype=torch.int64, device=device)  # row of the adapter table, -1 none
+        self.row_of: dict[int, int] = {}
+        self._free: list[int] = []
+
+    def add(self, rids: list[int], capacity: int) -> list[int]:
+        """Rows for new requests (a request that has one keeps it), each able to hold `capacity` slots."""
+        new = [rid for rid in rids if rid not in self.row_of]
+        more = max(0, len(new) - len(self._free))
+        if more or capacity > self.table.shape[1]:
+            self._grow(more, capacity)
+        self.row_of.update((rid, self._free.pop()) for rid in new)
+        return [self.row_of[rid] for rid in rids]
+
+    def remove(self, rid: int) -> None:
+        row = self.row_of.pop(rid, None)
+        if row is not None:
+            self._free.append(row)
+
+    def _grow(self, more_rows: int, min_cols: int) -> None:
+        old_rows, old_cols = self.table.shape
+        rows = max(old_rows + more_rows, 2 * old_rows, 8) if more_rows else old_rows
+        cols = max(min_cols, old_cols)
+        table = torch.zeros((rows, cols), dtype=torch.int64, device=self.device)
+        table[:old_rows, :old_cols] = self.table
+        self.table = table
+        self.lens, self.last, self.adapter = (torch.cat([t, t.new_zeros(rows - old_rows)]) for t in (self.lens, self.last, self.adapter))
+        self._free.extend(range(rows - 1, old_rows - 1, -1))
+
+
+class LlamaBackend(ModelBackend):
+    def __init__(self, model: Llama, sampling: SamplingParams = SamplingParams(), lora_rank: int = 0,
+                 lora_scale: float = 1.0, seed: int = 0, adapters: dict[str, LoraWeights] | None = None):
+        self.model, self.spec, self.device = model, model.spec, model.device
+        self.sampling, self.lora_rank, self.lora_scale, self.seed = sampling, lora_rank, lora_scale, seed
+        self.adapters = dict(adapters or {})  # adapters with given weights; any other name gets dummy ones
+        self.rows = RequestRows(self.device)
+        self._adapter_index: dict[str, int] = {}  # name -> row of _adapter_slots (kept across reloads)
+        self._adapter_slots = torch.zeros((0, adapter_slots(self.spec, lora_rank)), dtype=torch.int64, device=self.device)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
+
+    # -- the engine's interface ------------------------------------------------------------
+    def prefill(self, reqs: list[Request]) -> StepResult:
+        return self._timed(self._prefill, reqs, skip={i for i, r in enumerate(reqs) if self._bad_prompt(r)})
+
+    def decode(self, reqs: list[Request]) -> StepResult:
+        return self._timed(self._decode, reqs)
+
+    def release(self, req: Request) -> None:
+        self.rows.remove(req.rid)
+
+    @torch.inference_mode()
+    def load_adapter(self, name: str, slots: np.ndarray) -> None:
+        """MemoryManager's on_load hook: copy the adapter's weights into its freshly allocated slots."""
+        weights = self.adapters.get(name) or dummy_adapter(self.spec, name, self.lora_rank, self.device, self.model.weights.embed.dtype, self.seed)
+        if weights.rank != self.lora_rank:
+            raise UserError(f"adapter '{name}' has rank {weights.rank}, the engine was configured for rank {self.lora_rank}")
+        slots_t = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
+        write_adapter(self.model.pool, slots_t, weights, self.spec)
+        index = self._adapter_index.setdefault(name, len(self._adapter_index))
+        if index >= self._adapter_slots.shape[0]:
+            grown = self._adapter_slots.new_zeros((max(8, 2 * index), self._adapter_slots.shape[1]))
+            grown[: self._adapter_slots.shape[0]] = self._adapter_slots
+            self._adapter_slots = grown
+        self._adapter_slots[index] = slots_t
+
+    # -- steps ----------------------------------------------------------------------------
+    def _timed(self, run, reqs: list[Request], skip: set[int] = frozenset()) -> StepResult:
+        start = time.perf_counter()
+        tokens: list[int | None] = [None] * len(reqs)
+        failed = set(skip)
+        todo = [i for i in range(len(reqs)) if i not in skip]
+        try:
+            if todo:
+                for i, t in zip(todo, run([reqs[i] for i in todo])):
+                    tokens[i] = t
+        except Exception as batch_error:  # isolate the failing requests: retry one by one
+            log.warning("a batch of %d failed (%s); retrying request by request", len(todo), batch_error)
+            for i in todo:
+                try:
+                    tokens[i] = run([reqs[i]])[0]
+                except Exception as e:
+                    log.warning("request %d failed in the model: %s", reqs[i].rid, e)
+                    failed.add(i)
+        self._sync()
+        return StepResult(tokens, time.perf_counter() - start, tuple(sorted(failed)))
+
+    @torch.inference_mode()
+    def _prefill(self, reqs: list[Request]) -> list[int]:
+        lens = [r.prompt_len for r in reqs]
+        cu = [0, *accumulate(lens)]
+        adapters = [self._adapter_of(r) for r in reqs]
+        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prompt_len] for r in reqs), *cu, *adapters, *lens])
+        slots, cu_t, adapter_t, lens_t = host.to(self.device).split([cu[-1], len(cu), len(reqs), len(reqs)])
+        starts = torch.repeat_interleave(cu_t[:-1], lens_t, output_size=cu[-1])
+        positions = torch.arange(cu[-1], device=self.device) - starts
+        lora = self._lora(adapter_t) if max(adapters) >= 0 else None
+        logits = self.model.forward(Prefill(self._prompt_tokens(reqs, cu), positions, slots, cu_t, max(lens), lora))
+        nxt = self._sample(reqs, logits)
+
+        rows = self.rows.add([r.rid for r in reqs], max(r.prompt_len + r.max_new_tokens for r in reqs))
+        rows_t = torch.tensor(rows, device=self.device)
+        self.rows.table[torch.repeat_interleave(rows_t, lens_t, output_size=cu[-1]), positions] = slots
+        self.rows.lens[rows_t], self.rows.last[rows_t], self.rows.adapter[rows_t] = lens_t, nxt, adapter_t
+        return nxt.tolist()
+
+    @torch.inference_mode()
+    def _decode(self, reqs: list[Request]) -> list[int]:
+        rows, new_slots = torch.tensor([[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[-1] for r in reqs]]).to(self.device)
+        positions = self.rows.lens[rows]
+        self.rows.table[rows, positions] = new_slots
+        seq_lens = positions + 1
+        max_len = max(r.held_tokens for r in reqs)  # == max(seq_lens), known on the host without a sync
+        lora = self._lora(self.rows.adapter[rows]) if any(self._adapter_of(r) >= 0 for r in reqs) else None
+        batch = Decode(self.rows.last[rows], positions, new_slots, self.rows.table[rows, :max_len], seq_lens, lora)
+        nxt = self._sample(reqs, self.model.forward(batch))
+        self.rows.lens[rows], self.rows.last[rows] = seq_lens, nxt
+        return nxt.tolist()
+
+    # -- helpers --------------------------------------------------------------------------
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
+        if self.on_logits is not None:
+            self.on_logits(reqs, logits)
+        return sample(logits, self.sampling, self._gen)
+
+    def _adapter_of(self, req: Request) -> int:
+        if self.lora_rank == 0 or req.adapter is None:
+            return -1
+        return self._adapter_index.get(req.adapter, -1)
+
+    def _lora(self, ids: torch.Tensor) -> LoraBatch:
+        return LoraBatch(self._adapter_slots, ids, self.lora_rank, self.lora_scale)
+
+    def _prompt_tokens(self, reqs: list[Request], cu: list[int]) -> torch.Tensor:
+        """The prompts' token ids; a request given only a length gets random ids after a BOS."""
+        if all(r.prompt_ids is not None for r in reqs):
+            return torch.tensor([*chain.from_iterable(r.prompt_ids for r in reqs)], device=self.device)
+        low = min(FIRST_DUMMY_TOKEN, self.spec.vocab_size - 1)
+        tokens = torch.randint(low, self.spec.vocab_size, (cu[-1],), generator=self._gen, device=self.device)
+        tokens[torch.tensor(cu[:-1], device=self.device)] = self.spec.bos_token_id
+        for r, start in zip(reqs, cu):
+            if r.prompt_ids is not None:
+                tokens[start : start + r.prompt_len] = torch.tensor(r.prompt_ids, device=self.device)
+        return tokens
+
+    def _bad_prompt(self, req: Request) -> bool:
+        """A prompt the model cannot run (caught here: on a GPU a bad index would kill the process)."""
+        if req.prompt_len <= 0 or len(req.kv_slots) != req.prompt_len:
+            return True
+        ids = req.prompt_ids
+        return ids is not None and (len(ids) != req.prompt_len or min(ids) < 0 or max(ids) >= self.spec.vocab_size)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Run every kernel once (Triton compiles on first use) on pool slots no request holds yet.
+
+        Two 8-token prompts (one with a dummy adapter when LoRA is on), then one decode step.
+        """
+        spec, pool, dev = self.spec, self.model.pool, self.device
+        n, lora_n = 16, adapter_slots(spec, self.lora_rank)
+        if pool.num_slots < n + lora_n:
+            return
+        lora = None
+        if self.lora_rank:
+            lora_slots = torch.arange(n, n + lora_n, device=dev)
+            write_adapter(pool, lora_slots, dummy_adapter(spec, "warmup", self.lora_rank, dev, pool.k.dtype), spec)
+            lora = LoraBatch(lora_slots[None], torch.tensor([0, -1], device=dev), self.lora_rank, self.lora_scale)
+        slots = torch.arange(n, device=dev)
+        positions = torch.arange(n, device=dev) % 8
+        tokens = torch.full((n,), spec.bos_token_id, device=dev)
+        self.model.forward(Prefill(tokens, positions, slots, torch.tensor([0, 8, n], device=dev), 8, lora))
+        table = slots.view(2, 8)
+        self.model.forward(Decode(tokens[:2], torch.full((2,), 7, device=dev), table[:, -1], table, torch.full((2,), 8, device=dev), lora))
+        self._sync()
+
+
+def resolve_device(backend: str, device: str | None) -> torch.device:
+    """The default: cuda for triton (cpu only under TRITON_INTERPRET=1, the Triton interpreter), cpu for torch."""
+    if device is None and backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        if not torch.cuda.is_available():
+            raise UserError("--backend triton needs a CUDA GPU and none is available (--backend torch runs on the CPU)")
+        device = "cuda"
+    device = device or "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU is available")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown device '{device}'") from None
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype '{dtype}' (known: float32, float16, bfloat16)")
+    if DTYPES[dtype] is torch.float16 and device.type == "cpu":
+        raise UserError("float16 is not supported on the CPU (use float32 or bfloat16)")
+    return DTYPES[dtype]
+
+
+def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, lora_rank: int = 0, device: str | None = None,
+                  dtype: str | None = None, seed: int = 0, sampling: SamplingParams = SamplingParams(),
+                  lora_scale: float = 1.0) -> LlamaBackend:
+    """A real backend (`torch`: torch ops, `triton`: Triton kernels) for a spec name or model folder."""
+    if name not in BACKEND_OPS:
+        raise UserError(f"unknown real backend '{name}' (known: {', '.join(BACKEND_OPS)})")
+    spec = resolve_spec(model)
+    dev = resolve_device(name, device)  # before the kernels are imported: they may turn on the interpreter
+    dt = resolve_dtype(dtype, dev)
+    ops = load_ops(BACKEND_OPS[name])
+    llama = Llama(spec, load_weights(model, spec, dev, dt, seed), KVPool(spec, pool_tokens, dev, dt), ops)
+    return LlamaBackend(llama, sampling, lora_rank, lora_scale, seed)

@@ -1,0 +1,115 @@
+"""The Llama forward pass over the unified pool (DESIGN section 5).
+
+x = embed(tokens); per layer: x += attention(rms_norm(x)); x += mlp(rms_norm(x));
+logits = lm_head(rms_norm(x)) at each request's last token.
+attention: q, k, v = W_qkv h (+ each token's LoRA delta); rotate q, k; write k, v into the pool;
+prefill attends causally within each prompt, decode attends over the request's slots in the pool.
+mlp (SwiGLU): W_down (silu(W_gate h) * W_up h).
+
+Every kernel comes from `ops` (torch references on a CPU, Triton on a GPU), so one model file
+serves both backends.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from slora_vtc.config import ModelSpec
+from slora_vtc.model.pool import KVPool
+from slora_vtc.model.weights import LayerWeights, LlamaWeights
+
+Q, K, V, O = range(4)  # LoRA projections, in the pool's row order
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    slots: torch.Tensor  # [A, 4 r slots_per_row]: pool slots of each resident adapter
+    ids: torch.Tensor  # [B]: each request's adapter (a row of `slots`), -1 for none
+    rank: int
+    scale: float
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Whole prompts, concatenated without padding."""
+
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T]: where each token's K/V goes
+    cu_seqlens: torch.Tensor  # [B + 1]: offsets of each prompt
+    max_seqlen: int  # the longest prompt (known on the host: kernels size their grids without a sync)
+    lora: LoraBatch | None = None
+
+    @property
+    def last(self) -> torch.Tensor:
+        return self.cu_seqlens[1:] - 1
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One new token per request."""
+
+    tokens: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]
+    slots: torch.Tensor  # [B]: where the new token's K/V goes
+    slot_table: torch.Tensor  # [B, max_len]: each request's slots, the new one included
+    seq_lens: torch.Tensor  # [B]
+    lora: LoraBatch | None = None
+
+
+class Llama:
+    def __init__(self, spec: ModelSpec, weights: LlamaWeights, pool: KVPool, ops):
+        self.spec, self.weights, self.pool, self.ops = spec, weights, pool, ops
+        self.scale = spec.head_dim**-0.5
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    @torch.inference_mode()
+    def forward(self, batch: Prefill | Decode) -> torch.Tensor:
+        """Logits [B, vocab] (fp32) for each request's next token; K/V land in the pool."""
+        w, eps = self.weights, self.spec.rms_norm_eps
+        x = F.embedding(batch.tokens, w.embed)
+        for i, layer in enumerate(w.layers):
+            x = x + self.attention(i, layer, self.ops.rms_norm(x, layer.attn_norm, eps), batch)
+            x = x + self.mlp(layer, self.ops.rms_norm(x, layer.mlp_norm, eps))
+        if isinstance(batch, Prefill):
+            x = x[batch.last]
+        return F.linear(self.ops.rms_norm(x, w.norm, eps), w.lm_head).float()
+
+    def attention(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Prefill | Decode) -> torch.Tensor:
+        s, ops = self.spec, self.ops
+        q, k, v = F.linear(h, layer.wqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
+        if batch.lora is not None:
+            q, k, v = (self.lora(i, h, out.contiguous(), proj, batch) for proj, out in ((Q, q), (K, k), (V, v)))
+        q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, s.rope_theta)
+        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        k_cache, v_cache = self.pool.k[i], self.pool.v[i]
+        ops.kv_scatter(k, v, k_cache, v_cache, batch.slots)
+        if isinstance(batch, Prefill):
+            o = ops.prefill_attention(q, k, v, batch.cu_seqlens, self.scale, batch.max_seqlen)
+        else:
+            o = ops.decode_attention(q, k_cache, v_cache, batch.slot_table, batch.seq_lens, self.scale)
+        o = o.reshape(-1, s.q_width)
+        out = F.linear(o, layer.wo)
+        if batch.lora is not None:
+            self.lora(i, o, out, O, batch)
+        return out
+
+    def lora(self, i: int, x: torch.Tensor, out: torch.Tensor, proj: int, batch: Prefill | Decode) -> torch.Tensor:
+        """out += scale * B A x with each request's own adapter, in place."""
+        ops, lora, k_cache, v_cache = self.ops, batch.lora, self.pool.k[i], self.pool.v[i]
+        if isinstance(batch, Prefill):  # one adapter per prompt segment
+            seg = batch.cu_seqlens, lora.ids
+            y = ops.lora_shrink_segments(x, k_cache, lora.slots, *seg, proj, lora.rank, batch.max_seqlen)
+            ops.lora_expand_segments(y, v_cache, lora.slots, *seg, proj, lora.rank, out, lora.scale, batch.max_seqlen)
+        else:
+            y = ops.lora_shrink(x, k_cache, lora.slots, lora.ids, proj, lora.rank)
+            ops.lora_expand(y, v_cache, lora.slots, lora.ids, proj, lora.rank, out, lora.scale)
+        return out
+
+    def mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.w_down)

@@ -1,0 +1,137 @@
+"""Real runs on the Llama backend: an experiment on the wall clock, `generate`, and `profile`.
+
+Imported lazily (it imports torch): the simulator never loads it.
+"""
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm import tqdm
+
+from slora_vtc.backends.llama import LlamaBackend, build_backend
+from slora_vtc.clock import VirtualClock, WallClock
+from slora_vtc.config import EngineConfig
+from slora_vtc.engine import Engine
+from slora_vtc.errors import UserError
+from slora_vtc.memory import MemoryManager, TokenPool
+from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.spec import resolve_spec
+from slora_vtc.profile import ProfilePoint
+from slora_vtc.request import Request, State
+from slora_vtc.sched import build_scheduler
+
+if TYPE_CHECKING:
+    from slora_vtc.experiment import Experiment
+    from slora_vtc.workloads import Workload
+
+SMALL_HIDDEN = 1024  # up to this hidden size, a CPU step runs single-threaded (see _real_backend)
+
+# The grid of the artifact's profile (../shared/data/cost_profile_a10g_llama7b.json): every input
+# length with one output token, and four input lengths with longer outputs.
+ARTIFACT_GRID: tuple[tuple[int, int], ...] = (
+    *((i, 1) for i in (8, 16, 32, 64, 128, 256, 512)),
+    *((i, o) for i in (8, 64, 256, 512) for o in (64, 128, 196, 256)),
+)
+
+
+def _real_backend(*args, **kwargs) -> LlamaBackend:
+    backend = build_backend(*args, **kwargs)
+    small = backend.spec.hidden_size <= SMALL_HIDDEN
+    if backend.device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
+        # A small model's ops are too short to split across threads: that only adds barrier waits
+        # (10x slower steps on a busy 2-vCPU machine). OMP_NUM_THREADS overrides this.
+        torch.set_num_threads(1)
+    return backend
+
+
+def serve(exp: "Experiment", workload: "Workload", config: EngineConfig, progress: bool = False) -> tuple[list[Request], float]:
+    """Serve an experiment's workload on the wall clock (scaled by exp.time_scale)."""
+    backend = _real_backend(exp.backend, exp.model_name, config.pool_tokens, exp.adapter_rank, exp.device, exp.dtype, exp.seed)
+    backend.warmup()
+    requests = exp.requests(workload)
+    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    memory = MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots, on_load=backend.load_adapter)
+    with tqdm(total=len(requests), desc=f"{workload.name}/{exp.scheduler} ({exp.backend})", unit="req", disable=not progress, leave=False) as bar:
+        clock = WallClock(exp.time_scale)
+        Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
+    return requests, clock.now()
+
+
+def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+             ignore_eos: bool = False, backend: str = "torch", device: str | None = None, dtype: str | None = None,
+             seed: int = 0, pool_tokens: int | None = None) -> list[list[int]]:
+    """Generated token ids per prompt, all prompts served together by the engine."""
+    spec = resolve_spec(model)
+    if max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    for ids in prompts:
+        _check_prompt(ids, spec.vocab_size)
+    pool = pool_tokens or sum(len(p) + max_new_tokens for p in prompts) + 1
+    for ids in prompts:
+        if len(ids) + max_new_tokens >= pool:
+            raise UserError(f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens")
+        if len(ids) + max_new_tokens > spec.max_position:
+            raise UserError(f"{len(ids)} + {max_new_tokens} tokens exceed the model's context of {spec.max_position}")
+    llama = _real_backend(backend, model, pool, 0, device, dtype, seed, sampling)
+    config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1))
+    engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), MemoryManager(TokenPool(pool), 0))
+    stop = None if ignore_eos else spec.eos_token_id
+    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_token=stop) for ids in prompts]
+    engine.run(requests)
+    for i, r in enumerate(requests):
+        if r.state is not State.FINISHED:
+            raise UserError(f"prompt {i + 1} was not served: {r.reason}")
+    return [r.output_ids for r in requests]
+
+
+def _check_prompt(ids: list[int], vocab: int) -> None:
+    if not ids:
+        raise UserError("a prompt needs at least one token id")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise UserError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
+
+
+def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=ARTIFACT_GRID, device: str | None = None,
+                    dtype: str | None = None, max_batch: int | None = None, seed: int = 0, progress: bool = False) -> list[ProfilePoint]:
+    """Prefill and decode seconds per request at each (input, output) length, as the artifact measured.
+
+    pool // (input + output) requests (at most `max_batch`) run together: one prefill, then
+    `output` decode steps; times are the batch's totals divided by its size.
+    """
+    for i, o in grid:
+        if i <= 0 or o <= 0 or i + o > pool_tokens:
+            raise UserError(f"profile point ({i}, {o}) does not fit a pool of {pool_tokens} tokens")
+    llama = _real_backend(backend, model, pool_tokens, 0, device, dtype, seed)
+    llama.warmup()
+    memory = MemoryManager(TokenPool(pool_tokens), 0)
+    points = []
+    for i, o in tqdm(grid, desc="profile", unit="point", disable=not progress, leave=False):
+        batch = max(1, min(pool_tokens // (i + o), max_batch or pool_tokens))
+        prefill_s, decode_s = _measure(llama, memory, i, o, batch)
+        points.append(ProfilePoint(i, o, batch, prefill_s / batch, decode_s / batch))
+    return points
+
+
+def _measure(backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int) -> tuple[float, float]:
+    reqs = [Request("profile", input_len, output_len + 1, 0.0, rid=k) for k in range(batch)]
+    memory.admit(reqs)
+    try:
+        step = backend.prefill
+        times = []
+        for _ in range(output_len + 1):  # one prefill, then `output_len` decode steps
+            if times:
+                memory.extend(reqs)
+            result = step(reqs)
+            if result.failed:
+                raise RuntimeError(f"the model failed while profiling ({input_len}, {output_len})")
+            for r, t in zip(reqs, result.tokens):
+                r.append_token(t, 0.0)
+            times.append(result.elapsed)
+            step = backend.decode
+    finally:
+        for r in reqs:
+            memory.release(r)
+            backend.release(r)
+    return times[0], sum(times[1:])

@@ -1,0 +1,60 @@
+"""Helpers shared by the real-model tests: tiny transformers models, real engines, logit recorders."""
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from slora_vtc.backends.llama import LlamaBackend, build_backend  # noqa: E402
+from slora_vtc.clock import VirtualClock  # noqa: E402
+from slora_vtc.config import EngineConfig  # noqa: E402
+from slora_vtc.engine import Engine  # noqa: E402
+from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
+from slora_vtc.request import Request  # noqa: E402
+from slora_vtc.sched import build_scheduler  # noqa: E402
+
+TINY_HF = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=5000.0,
+               initializer_range=0.2)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
+
+
+def save_hf_llama(folder: Path, seed: int = 0, **overrides):
+    """A random transformers LlamaForCausalLM (GQA), saved as config.json + model.safetensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY_HF, **overrides})).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c"), lora_rank: int = 0) -> Engine:
+    """An engine on a virtual clock (advanced by the measured step times) with adapter loading wired."""
+    config = EngineConfig(pool_tokens=pool, lora_rank=lora_rank, adapter_row_slots=backend.spec.lora_slots_per_row)
+    memory = MemoryManager(TokenPool(pool), config.adapter_slots, on_load=backend.load_adapter)
+    return Engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock(), memory)
+
+
+def tiny_backend(model: str = "tiny", pool: int = 2000, lora_rank: int = 0, **kw) -> LlamaBackend:
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # as the CLI does for small models (realrun._real_backend)
+    return build_backend("torch", model, pool_tokens=pool, lora_rank=lora_rank, **kw)
+
+
+def record_logits(backend: LlamaBackend) -> dict[int, list[torch.Tensor]]:
+    """rid -> the logits of every step that request took part in, in order."""
+    seen: dict[int, list[torch.Tensor]] = defaultdict(list)
+
+    def on_logits(reqs: list[Request], logits: torch.Tensor) -> None:
+        for r, row in zip(reqs, logits):
+            seen[r.rid].append(row.clone())
+
+    backend.on_logits = on_logits
+    return seen
+
+
+def request(prompt: list[int], new: int, client: str = "a", adapter: str | None = None, arrival: float = 0.0) -> Request:
+    return Request(client, len(prompt), new, arrival, adapter=adapter, prompt_ids=list(prompt))

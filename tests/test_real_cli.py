@@ -1,0 +1,155 @@
+"""`slora-vtc generate`, `profile` and the real backends' options: output on good input, one-line errors on bad."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from llama_util import save_hf_llama
+
+from slora_vtc.cli import main
+from slora_vtc.profile import load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, message):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("slora-vtc: error:"), err
+    assert message in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf")
+    save_hf_llama(folder)
+    return folder
+
+
+def test_generate_prints_one_line_of_ids_per_prompt(capsys, hf_folder):
+    code, out, _ = run_cli(capsys, "generate", "--model", hf_folder, "--prompt-ids", "1,2,3", "--prompt-ids", "1,50,60,70",
+                           "--max-new-tokens", "7", "--greedy", "--ignore-eos")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and all(len(line.split(",")) == 7 for line in lines)
+    from llama_util import TINY_HF
+
+    assert all(0 <= int(t) < TINY_HF["vocab_size"] for line in lines for t in line.split(","))
+    code, again, _ = run_cli(capsys, "generate", "--model", hf_folder, "--prompt-ids", "1,2,3", "--max-new-tokens", "7", "--greedy", "--ignore-eos")
+    assert again.strip() == lines[0]  # a prompt's tokens do not depend on its batch
+
+
+def test_sampled_generation_is_seeded(capsys):
+    args = ("generate", "--model", "tiny", "--prompt-ids", "1,9,9", "--max-new-tokens", "12", "--temperature", "1.5", "--top-k", "50", "--ignore-eos")
+    first = run_cli(capsys, *args, "--seed", "3")[1]
+    assert run_cli(capsys, *args, "--seed", "3")[1] == first
+    assert run_cli(capsys, *args, "--seed", "4")[1] != first
+
+
+def test_profile_writes_a_profile_the_simulator_reads(capsys, tmp_path):
+    out = tmp_path / "profile.json"
+    code, text, _ = run_cli(capsys, "profile", "--backend", "torch", "--model", "tiny", "--pool-tokens", "300",
+                            "--inputs", "8,32", "--outputs", "1,6", "--out", out)
+    assert code == 0 and "wrote" in text
+    points = {(p.input_len, p.output_len): p for p in load_profile(out)}
+    assert set(points) == {(8, 1), (8, 6), (32, 1), (32, 6)}
+    assert points[(8, 6)].batch_size == 300 // 14 and points[(32, 1)].batch_size == 300 // 33
+    assert all(p.prefill_s > 0 and p.decode_s > 0 for p in points.values())
+    assert set(json.loads(out.read_text())) == {"8", "32"}
+    code, _, _ = run_cli(capsys, "run", "--backend", "sim", "--profile", out, "--suite", "overload", "--scheduler", "vtc",
+                         "--duration", "20", "--out", tmp_path / "sim.jsonl")
+    assert code == 0
+
+
+def broken_folder(hf_folder, tmp_path, case):
+    folder = tmp_path / case
+    folder.mkdir()
+    for f in hf_folder.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    if case == "no_config":
+        (folder / "config.json").unlink()
+    elif case == "architecture":
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
+    elif case == "missing_tensor":
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        del tensors["model.norm.weight"]
+        save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_config", "no config.json"),
+    ("architecture", "unsupported architecture GPT2LMHeadModel"),
+    ("missing_tensor", "tensor 'model.norm.weight' is missing"),
+])
+def test_bad_model_folder_is_a_one_line_error(capsys, hf_folder, tmp_path, case, message):
+    folder = broken_folder(hf_folder, tmp_path, case)
+    code, _, err = run_cli(capsys, "generate", "--model", folder, "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt-ids", ",".join(["5"] * 20), "--pool-tokens", "16"], "does not fit a pool of 16 tokens"),
+    (["generate", "--prompt-ids", "1,2,999"], "token id 999 is outside the model's vocabulary"),
+    (["generate", "--prompt-ids", "1,x"], "comma-separated integers"),
+    (["generate", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["generate", "--prompt-ids", "1", "--max-new-tokens", "5000"], "exceed the model's context of 4096"),
+    (["generate", "--model", "gpt-5", "--prompt-ids", "1"], "unknown model 'gpt-5'"),
+    (["generate", "--prompt-ids", "1", "--top-p", "0"], "0 < top_p <= 1"),
+    (["generate", "--prompt-ids", "1", "--dtype", "float16"], "float16 is not supported on the CPU"),
+    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--pool-tokens", "1000",
+      "--adapter-rank", "200"], "an adapter of rank 200 takes 1600 pool slots, which does not fit a pool of 1000 tokens"),
+    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--model", "nope"], "unknown model 'nope'"),
+    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--time-scale", "0"], "--time-scale must be positive"),
+    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--adapters", "-1"], "must not be negative"),
+    (["profile", "--out", "p.json", "--inputs", "8,600", "--outputs", "1", "--pool-tokens", "500"], "profile point (600, 1) does not fit"),
+])
+def test_bad_input_is_a_one_line_error(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_device_without_a_gpu(capsys):
+    code, _, err = run_cli(capsys, "generate", "--device", "cuda", "--prompt-ids", "1")
+    assert_one_line_error(code, err, "no CUDA GPU is available")
+
+
+def test_gpu_check_script_runs_its_cpu_safe_steps(tmp_path):
+    """The GPU check's plumbing, on the CPU: the torch backend and a tiny model stand in for Triton and 7B."""
+    env = {**os.environ, "GPU_CHECK_BACKEND": "torch", "GPU_CHECK_MODEL": "tiny", "GPU_CHECK_DTYPE": "float32",
+           "GPU_CHECK_SKIP": "kernel_tests model_tests kernel_bench environment", "GPU_CHECK_BENCH_ARGS": "--quick", "OMP_NUM_THREADS": "1",
+           "GPU_CHECK_EXPERIMENT_ARGS": "--suite overload --duration 3 --time-scale 30 --pool-tokens 3000",
+           "GPU_CHECK_PROFILE_ARGS": "--pool-tokens 200 --inputs 8,16 --outputs 1,3"}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert done.returncode == 0, summary
+    for step in ("model_bench", "experiment", "profile", "sim_from_profile"):
+        assert f"{step:18s} ok" in summary
+    for name in ("model_bench.json", "experiment_vtc.jsonl", "profile.json", "sim_from_profile.jsonl"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    bench = json.loads((tmp_path / "out" / "model_bench.json").read_text())
+    assert bench["decode_tokens_per_s"]["4"] > 0 and bench["decode_attention"][0]["gb_per_s"] > 0
+
+
+def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path):
+    env = {**os.environ, "GPU_CHECK_BACKEND": "torch", "GPU_CHECK_MODEL": "no-such-model", "OMP_NUM_THREADS": "1",
+           "GPU_CHECK_SKIP": "kernel_tests model_tests kernel_bench environment model_bench experiment"}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert done.returncode == 1 and "profile            FAILED (exit 2)" in summary and "total" in summary
+    assert "unknown model 'no-such-model'" in (tmp_path / "out" / "profile.log").read_text()
