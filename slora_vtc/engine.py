@@ -56,6 +56,7 @@ class Engine:
         if req in self.running:
             self.running.remove(req)
             self._release(req)
+            self.scheduler.on_abort(req, self.clock.now())
         elif not self.scheduler.remove(req):
             return
         self._end(req, State.ABORTED, reason)

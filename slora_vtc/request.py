@@ -2,6 +2,10 @@
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the simulator path imports no torch
+    from slora_vtc.model.sampling import SamplingParams
 
 
 class State(str, Enum):
@@ -32,6 +36,7 @@ class Request:
     reason: str = ""  # why a request was rejected or aborted
     stop_token: int | None = None  # end early once this token is generated (EOS); None: ignore EOS
     stopped: bool = False
+    sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
 
     @property
     def held_tokens(self) -> int:

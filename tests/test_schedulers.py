@@ -301,6 +301,18 @@ def test_overshoot_is_refunded_only_at_finish():
     assert vtc.counter("a") == 18
 
 
+def test_an_aborted_running_request_is_settled_like_a_finished_one():
+    engine = make_engine(VTC(predictor=Fixed(10)), pool_tokens=1000)
+    r = req("a", 10, 8)
+    engine.add_request(r)
+    engine.step()  # prefill: 10 + 2 * 10 charged, one token out
+    engine.step()  # one decode step, within the prediction
+    engine.abort(r)
+    assert r.state is State.ABORTED and r.generated == 2
+    assert engine.scheduler.counter("a") == 10 + 2 * 2  # refunded down to the 2 tokens it got
+    assert engine.scheduler._predicted == {}
+
+
 def test_uniform_predictor_stays_in_range_and_is_seeded():
     r = req("a", 10, 100)
     p1, p2, p3 = UniformErrorPredictor(0.5, seed=7), UniformErrorPredictor(0.5, seed=7), UniformErrorPredictor(0.5, seed=8)

@@ -165,7 +165,14 @@ class LlamaBackend(ModelBackend):
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
         if self.on_logits is not None:
             self.on_logits(reqs, logits)
-        return sample(logits, self.sampling, self._gen)
+        params = [r.sampling or self.sampling for r in reqs]
+        if all(p == params[0] for p in params):
+            return sample(logits, params[0], self._gen)
+        nxt = torch.empty(len(reqs), dtype=torch.int64, device=self.device)
+        for p in dict.fromkeys(params):  # one call per distinct setting, in first-seen order
+            rows = torch.tensor([i for i, q in enumerate(params) if q == p], device=self.device)
+            nxt[rows] = sample(logits[rows], p, self._gen)
+        return nxt
 
     def _adapter_of(self, req: Request) -> int:
         if self.lora_rank == 0 or req.adapter is None:

@@ -1,8 +1,9 @@
 """Fair schedulers behind one interface; build them by name with `build_scheduler`."""
 
 from slora_vtc.sched.base import Scheduler
-from slora_vtc.sched.fcfs import FCFS, RPM
+from slora_vtc.sched.fcfs import FCFS
+from slora_vtc.sched.limits import RPM, RateLimited
 from slora_vtc.sched.registry import SCHEDULERS, SchedulerOptions, build_scheduler
 from slora_vtc.sched.vtc import VTC, Lift
 
-__all__ = ["FCFS", "RPM", "SCHEDULERS", "VTC", "Lift", "Scheduler", "SchedulerOptions", "build_scheduler"]
+__all__ = ["FCFS", "RPM", "SCHEDULERS", "VTC", "Lift", "RateLimited", "Scheduler", "SchedulerOptions", "build_scheduler"]

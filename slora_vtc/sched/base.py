@@ -38,3 +38,10 @@ class Scheduler(ABC):
     def remove(self, req: Request) -> bool:
         """Remove one waiting request (an abort); return whether it was waiting."""
         return False
+
+    def on_abort(self, req: Request, now: float) -> None:
+        """A running request was aborted: forget what was kept for it."""
+
+    def waiting_by_client(self) -> dict[str, int]:
+        """Waiting requests per client (read-only; for monitoring). Clients with none may be left out."""
+        return {}

@@ -1,12 +1,10 @@
-"""First come, first served, and the request-per-minute rate limit on top of it."""
+"""First come, first served."""
 
-from collections import defaultdict, deque
+from collections import Counter, deque
 
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
-
-RPM_WINDOW_S = 60.0
 
 
 class FCFS(Scheduler):
@@ -32,27 +30,12 @@ class FCFS(Scheduler):
         drained, self._queue = list(self._queue), deque()
         return drained
 
+    def waiting_by_client(self) -> dict[str, int]:
+        return dict(Counter(r.client for r in self._queue))
+
     def remove(self, req: Request) -> bool:
         try:
             self._queue.remove(req)
         except ValueError:
             return False
         return True
-
-
-class RPM(FCFS):
-    """Rejects a client's request when it already had `limit` accepted arrivals in the last 60 s."""
-
-    def __init__(self, limit: int):
-        super().__init__()
-        self.limit = limit
-        self._accepted: dict[str, deque[float]] = defaultdict(deque)
-
-    def on_arrival(self, req: Request, now: float) -> bool:
-        recent = self._accepted[req.client]
-        while recent and recent[0] <= now - RPM_WINDOW_S:
-            recent.popleft()
-        if len(recent) >= self.limit:
-            return False
-        recent.append(now)
-        return super().on_arrival(req, now)

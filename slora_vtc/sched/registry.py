@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.errors import UserError
 from slora_vtc.sched.base import Scheduler
-from slora_vtc.sched.fcfs import FCFS, RPM
+from slora_vtc.sched.fcfs import FCFS
+from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
 

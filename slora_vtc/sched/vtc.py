@@ -143,14 +143,24 @@ class VTC(Scheduler):
         if self.extra_charge_at_finish:
             self.on_decode_step(batch, now)
         for req in finished:
-            predicted = self._predicted.pop(req.rid)
-            if predicted > req.generated:
-                self._charge(req.client, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, predicted))
+            self._settle(req)
             if self.predictor:
                 self.predictor.observe(req)
 
+    def on_abort(self, req: Request, now: float) -> None:
+        self._settle(req)
+
+    def _settle(self, req: Request) -> None:
+        """Refund a prediction that overshot what the request actually received."""
+        predicted = self._predicted.pop(req.rid)
+        if predicted > req.generated:
+            self._charge(req.client, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, predicted))
+
     def num_waiting(self) -> int:
         return self._waiting
+
+    def waiting_by_client(self) -> dict[str, int]:
+        return {name: len(c.queue) for name, c in self._clients.items()}
 
     def drain(self) -> list[Request]:
         drained = [req for c in self._clients.values() for req in c.queue]

@@ -1,0 +1,83 @@
+"""What a running server is made of (model, tokenizer, clients, engine service), built from ServerConfig."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slora_vtc.config import EngineConfig, ModelSpec
+from slora_vtc.errors import UserError
+from slora_vtc.model.spec import is_folder, resolve_spec
+from slora_vtc.server.clients import Clients, load_clients, scheduler_for
+from slora_vtc.server.service import EngineService
+from slora_vtc.server.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = "tiny"  # a spec name (dummy weights) or a Hugging Face model folder
+    scheduler: str = "vtc"
+    clients_file: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    pool_tokens: int = 10_000
+    lora_rank: int = 8  # rank of every client adapter (slots are charged only for clients that have one)
+    backend: str = "torch"
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    tokenizer: str | None = None  # a tokenizer folder, or "byte"; default: the model folder's, else bytes
+    drain_s: float = 30.0  # on SIGINT / SIGTERM: serve in-flight requests this long, then abort them
+
+    def check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"--port must be in 0..65535, got {self.port}")
+        if self.lora_rank < 0:
+            raise UserError(f"--lora-rank must not be negative, got {self.lora_rank}")
+        if self.drain_s < 0:
+            raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    config: ServerConfig
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    clients: Clients
+    engine_config: EngineConfig
+    service: EngineService
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.config.model).name if is_folder(self.config.model) else self.config.model
+
+
+def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients) -> EngineConfig:
+    engine = EngineConfig(pool_tokens=config.pool_tokens, lora_rank=config.lora_rank, adapter_row_slots=spec.lora_slots_per_row)
+    adapters = {c.adapter for c in [*clients.named.values(), clients.default] if c.adapter}
+    if adapters and config.lora_rank == 0:
+        raise UserError("the clients file gives LoRA adapters, but --lora-rank is 0")
+    if engine.lora_rank and engine.adapter_slots >= engine.pool_tokens:
+        raise UserError(f"an adapter of rank {config.lora_rank} takes {engine.adapter_slots} pool slots, more than the pool of {config.pool_tokens}")
+    return engine
+
+
+def build_context(config: ServerConfig) -> ServerContext:
+    """Check everything, then load the model (the slow part) and wire engine, backend and pool."""
+    config.check()
+    spec = resolve_spec(config.model)
+    tokenizer = load_tokenizer(config.model, spec, config.tokenizer)
+    clients = load_clients(config.clients_file)
+    engine_config = engine_config_for(config, spec, clients)
+    scheduler = scheduler_for(config.scheduler, clients)
+    return ServerContext(config, spec, tokenizer, clients, engine_config, EngineService(_engine(config, engine_config, scheduler)))
+
+
+def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler):
+    from slora_vtc.clock import WallClock
+    from slora_vtc.engine import Engine
+    from slora_vtc.memory import MemoryManager, TokenPool
+    from slora_vtc.realrun import _real_backend  # picks the CPU thread count for small models
+
+    backend = _real_backend(config.backend, config.model, config.pool_tokens, config.lora_rank, config.device, config.dtype, config.seed)
+    backend.warmup()
+    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.adapter_slots, on_load=backend.load_adapter)
+    return Engine(engine_config, scheduler, backend, WallClock(), memory)

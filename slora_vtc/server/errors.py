@@ -1,0 +1,11 @@
+"""Errors answered to HTTP clients, in OpenAI's shape: {"error": {"message", "type", ...}}."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def error_body(message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

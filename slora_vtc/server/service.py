@@ -1,0 +1,261 @@
+"""The engine in its own thread, serving requests that HTTP handlers hand it on the event loop.
+
+Only the engine thread touches the engine, its scheduler and its pool. Handlers send commands
+through a thread-safe inbox, drained between steps (the thread sleeps on it while idle). After
+every step the thread sends each request's new tokens (and, when it ends, its final state) to the
+request's asyncio queue: one loop.call_soon_threadsafe per step for all requests together.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+from slora_vtc.engine import Engine
+from slora_vtc.request import Request, State
+from slora_vtc.server.metrics import ClientStats
+
+log = logging.getLogger(__name__)
+
+SHUTTING_DOWN = "the server is shutting down"
+STUCK_WAIT_S = 0.05  # busy but nothing could run (cannot happen with the shared admission check): re-check this often
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The scheduler queued the request."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Ended:
+    state: State
+    reason: str
+    prompt_tokens: int
+    generated: int
+    stopped: bool  # ended at EOS
+
+    @classmethod
+    def of(cls, req: Request) -> "Ended":
+        return cls(req.state, req.reason, req.prompt_len, req.generated, req.stopped)
+
+    @property
+    def finish_reason(self) -> str:
+        if self.state is State.FINISHED:
+            return "stop" if self.stopped else "length"
+        return "abort"
+
+
+Event = Accepted | Tokens | Ended
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    """Where a request's events go: an asyncio queue, fed on its own loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class ServiceStopped(RuntimeError):
+    """The engine thread has stopped: nothing can be submitted any more."""
+
+
+@dataclass
+class _Live:
+    sub: Subscriber
+    sent: int = 0  # output ids already sent
+    counted: int = 0  # generated tokens already in the client's stats
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for q, event in items:
+        q.put_nowait(event)
+
+
+class EngineService:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        engine.on_end = self._on_end
+        self.clock = engine.clock
+        self.stats: dict[str, ClientStats] = defaultdict(ClientStats)  # engine thread only
+        self.error: str | None = None
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # orders `closed` against puts, so no command is left unanswered; re-entrant because a
+        # signal handler may call stop() while the same thread is inside _send
+        self._lock = threading.RLock()
+        self._closed = False
+        self._live: dict[Request, _Live] = {}
+        self._outbox: list[tuple[Subscriber, Event]] = []
+        self._stop_at: float | None = None  # monotonic deadline of the shutdown drain
+        self._thread = threading.Thread(target=self._run, name="slora-engine", daemon=True)
+
+    # -- any thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread.is_alive() and self._stop_at is None
+
+    def submit(self, req: Request, sub: Subscriber) -> None:
+        """Queue a request; its events (Accepted or Ended first) arrive on `sub`."""
+        self._send(partial(self._add, req, sub))
+
+    def abort(self, req: Request, reason: str) -> None:
+        """End a request now (no-op once it has ended); its slots are freed before the next step."""
+        try:
+            self._send(partial(self._abort, req, reason))
+        except ServiceStopped:
+            pass  # the engine thread aborted everything on its way out
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn on the engine thread between two steps (to read engine state consistently)."""
+        future: Future = Future()
+        self._send(partial(self._call, fn, future))
+        return future
+
+    def stop(self, drain_s: float) -> None:
+        """Begin stopping (returns at once): refuse new requests, serve the others for up to
+        drain_s seconds, then abort what is left. Safe to call from a signal handler."""
+        try:
+            self._send(partial(self._stop, drain_s))
+        except ServiceStopped:
+            pass
+
+    def shutdown(self, drain_s: float = 0.0) -> None:
+        """Stop (see `stop`) and wait for the engine thread to end."""
+        if self._thread.is_alive():
+            self.stop(drain_s)
+            self._thread.join()
+
+    def _send(self, command: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                raise ServiceStopped(self.error or SHUTTING_DOWN)
+            self._inbox.put(command)
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._done():
+                self._take_commands(block=not self.engine.busy)
+                if self.engine.busy and not self._step():
+                    self._take_commands(block=True, timeout=STUCK_WAIT_S)
+                self._flush()
+        except Exception as e:  # a bug in the engine: end every request instead of hanging them
+            log.exception("the engine thread failed")
+            self.error = f"engine failed: {type(e).__name__}: {e}"
+            self._abort_all(self.error)
+        finally:
+            self._close()
+
+    def _done(self) -> bool:
+        if self._stop_at is None:
+            return False
+        if self.engine.busy and time.monotonic() < self._stop_at:
+            return False
+        self._abort_all(SHUTTING_DOWN)
+        return True
+
+    def _take_commands(self, block: bool, timeout: float | None = None) -> None:
+        try:
+            command = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
+            while True:
+                command()
+                command = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _step(self) -> bool:
+        progressed = self.engine.step()
+        for req in self.engine.running:  # requests that ended this step were sent by _on_end
+            self._send_tokens(req, self._live[req])
+        return progressed
+
+    def _add(self, req: Request, sub: Subscriber) -> None:
+        if self._stop_at is not None:
+            req.state, req.reason = State.REJECTED, self.error or SHUTTING_DOWN
+            self.stats[req.client].rejected += 1
+            self._emit(sub, Ended.of(req))
+            return
+        self._live[req] = _Live(sub)
+        if self.engine.add_request(req):  # a rejection already went out through _on_end
+            self.stats[req.client].admitted += 1
+            self._emit(sub, Accepted())
+
+    def _abort(self, req: Request, reason: str) -> None:
+        if req in self._live:
+            self.engine.abort(req, reason)
+
+    def _call(self, fn: Callable[[], object], future: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except Exception as e:
+            future.set_exception(e)
+
+    def _stop(self, drain_s: float) -> None:
+        deadline = time.monotonic() + drain_s
+        self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+
+    def _on_end(self, req: Request) -> None:
+        live = self._live.pop(req, None)
+        if live is None:
+            return
+        self._send_tokens(req, live)
+        self.stats[req.client].ended(req.state)
+        self._emit(live.sub, Ended.of(req))
+
+    def _send_tokens(self, req: Request, live: _Live) -> None:
+        if req.generated > live.counted:
+            self.stats[req.client].served(req.prompt_len if live.counted == 0 else 0, req.generated - live.counted)
+            live.counted = req.generated
+        if len(req.output_ids) > live.sent:
+            self._emit(live.sub, Tokens(tuple(req.output_ids[live.sent :])))
+            live.sent = len(req.output_ids)
+
+    def _abort_all(self, reason: str) -> None:
+        for req in list(self._live):
+            try:
+                self.engine.abort(req, reason)
+            except Exception:
+                log.exception("aborting request %d failed", req.rid)
+            if req in self._live:  # the engine could not end it: end it here
+                req.state, req.reason = State.ABORTED, reason
+                self._on_end(req)
+
+    def _emit(self, sub: Subscriber, event: Event) -> None:
+        self._outbox.append((sub, event))
+
+    def _flush(self) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        for sub, event in self._outbox:
+            by_loop[sub.loop].append((sub.queue, event))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                pass  # that loop has closed: nobody is listening any more
+
+    def _close(self) -> None:
+        """Refuse further commands, answer those already queued, send the last events."""
+        with self._lock:
+            self._closed = True
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        self._take_commands(block=False)
+        self._abort_all(self.error or SHUTTING_DOWN)
+        self._flush()

@@ -1,0 +1,58 @@
+"""POST /generate and /generate_stream, in S-LoRA's style (what the VTC artifact's benchmark client calls).
+
+Body: {"inputs": text or token ids, "parameters": {"max_new_tokens", "do_sample", "temperature",
+"top_p", "top_k", "ignore_eos"}, "lora_dir": adapter name (optional)}. The stream sends one event
+per token, {"token": {"id", "text", "logprob", "special"}, "generated_text": null, "finished":
+false, "details": null}, then a final event with the whole text and
+details {"finish_reason", "prompt_tokens", "generated_tokens"}.
+"""
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+
+from slora_vtc.server.deps import Caller, caller
+from slora_vtc.server.errors import ApiError
+from slora_vtc.server.generation import Generation, new_request, prompt_ids, sampling, sse, sse_response
+from slora_vtc.server.protocol import GenerateRequest
+
+router = APIRouter()
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, http: Request, who: Caller = Depends(caller)) -> dict:
+    gen = await _start(who, body)
+    text = await gen.collect(http)
+    return {"generated_text": [text], "count_output_tokens": gen.end.generated, "finish_reason": gen.end.finish_reason,
+            "prompt_tokens": gen.end.prompt_tokens}
+
+
+@router.post("/generate_stream")
+async def generate_stream(body: GenerateRequest, who: Caller = Depends(caller)):
+    gen = await _start(who, body)
+    return sse_response(gen, _events(gen))
+
+
+async def _start(who: Caller, body: GenerateRequest) -> Generation:
+    ctx, client = who.ctx, who.client()
+    if body.lora_dir and not ctx.engine_config.lora_rank:
+        raise ApiError(400, "lora_dir: this server runs without LoRA (--lora-rank 0)")
+    p = body.parameters
+    params = sampling(p.temperature if p.do_sample else 0.0, p.top_p, p.top_k)
+    ids = prompt_ids(ctx, body.inputs)
+    return await Generation.start(ctx, new_request(ctx, client, ids, p.max_new_tokens, params, p.ignore_eos, body.lora_dir or client.adapter))
+
+
+async def _events(gen: Generation) -> AsyncIterator[str]:
+    text = []
+    async for delta in gen.deltas():
+        text.append(delta.text)
+        for i, token in enumerate(delta.ids):
+            piece = delta.text if i == len(delta.ids) - 1 else ""
+            yield sse({"token": {"id": token, "text": piece, "logprob": None, "special": False},
+                       "generated_text": None, "finished": False, "details": None})
+    end = gen.end
+    details = {"finish_reason": end.finish_reason, "prompt_tokens": end.prompt_tokens, "generated_tokens": end.generated}
+    if end.finish_reason == "abort":
+        details["error"] = end.reason
+    yield sse({"token": None, "generated_text": "".join(text), "finished": True, "details": details})

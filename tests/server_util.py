@@ -1,0 +1,75 @@
+"""Helpers for the HTTP server tests: a real uvicorn server on 127.0.0.1 in a background thread."""
+
+import os
+import re
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx2  # noqa: E402
+import torch  # noqa: E402
+
+from slora_vtc.server.context import ServerConfig, ServerContext, build_context  # noqa: E402
+from slora_vtc.server.run import server_for  # noqa: E402
+
+START_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Running:
+    url: str
+    ctx: ServerContext
+
+    def metrics(self) -> dict[str, float]:
+        """`name{labels}` -> value, from GET /metrics."""
+        text = httpx2.get(f"{self.url}/metrics").text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                values[key] = float(value)
+        return values
+
+    def per_client(self, name: str) -> dict[str, float]:
+        pattern = re.compile(rf'^slora_{name}\{{client="(.*)"\}}$')
+        return {m.group(1): v for k, v in self.metrics().items() if (m := pattern.match(k))}
+
+    def wait_idle(self, timeout_s: float = 20.0) -> dict[str, float]:
+        """Metrics once nothing runs, nothing waits and the pool is free again (or fail)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            busy = sum(v for k, v in m.items() if k.startswith(("slora_client_waiting", "slora_client_running")))
+            if not busy and m["slora_pool_used_tokens"] == 0:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the server did not become idle: {m}")
+            time.sleep(0.02)
+
+
+@contextmanager
+def running_server(**settings):
+    """Serve ServerConfig(**settings) (tiny model by default) until the block ends."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    ctx = build_context(ServerConfig(**settings))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = server_for(ctx, host="127.0.0.1", port=sock.getsockname()[1], log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", ctx)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -1,0 +1,201 @@
+"""The HTTP server with the official `openai` client and S-LoRA's /generate: formats, usage,
+streaming, bad input, client disconnects (tiny model on CPU, server on 127.0.0.1)."""
+
+import asyncio
+import json
+import time
+
+import httpx2
+import pytest
+from openai import BadRequestError, OpenAI
+from server_util import running_server
+
+POOL = 2000
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(pool_tokens=POOL, scheduler="vtc") as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def text_prompt_tokens(text: str) -> int:
+    return len(text.encode()) + 1  # the byte tokenizer: one id per UTF-8 byte, plus BOS
+
+
+# -- OpenAI API --------------------------------------------------------------------------------
+def test_completion_usage_and_text(client):
+    r = client.completions.create(model="tiny", prompt="Hello, wörld", max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == "tiny"
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == text_prompt_tokens("Hello, wörld")
+    assert r.usage.completion_tokens == 7
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+
+
+def test_streamed_text_equals_whole_text(client):
+    kw = dict(model="tiny", prompt=[1, 40, 41, 42, 43], max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == 5
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == whole.choices[0].text
+    assert whole.usage.prompt_tokens == 5
+
+
+def test_chat_and_chat_stream(client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == 5
+    assert r.usage.prompt_tokens == text_prompt_tokens("system: be brief\nuser: hi\nassistant:")
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=5, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+
+
+def test_top_k_one_samples_the_greedy_tokens(client):
+    """Per-request sampling reaches the backend: top_k = 1 at any temperature is greedy."""
+    kw = dict(model="tiny", prompt=[1, 9, 8, 7], max_tokens=10, extra_body={"ignore_eos": True})
+    greedy = client.completions.create(temperature=0, **kw).choices[0].text
+    kw["extra_body"] = {"ignore_eos": True, "top_k": 1}
+    assert client.completions.create(temperature=1.5, **kw).choices[0].text == greedy
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    health = httpx2.get(f"{server.url}/health").json()
+    assert health == {"status": "ok", "model": "tiny", "scheduler": "vtc", "pool_tokens": POOL}
+    before = server.per_client("served_output_tokens").get("metrics-probe", 0)
+    client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0, user="metrics-probe",
+                              extra_body={"ignore_eos": True})
+    m = server.wait_idle()
+    assert m['slora_served_output_tokens_total{client="metrics-probe"}'] == before + 4
+    assert m['slora_served_input_tokens_total{client="metrics-probe"}'] >= 3
+    assert m['slora_client_counter{client="metrics-probe"}'] > 0  # VTC charged it
+    assert m["slora_pool_tokens"] == POOL
+
+
+# -- S-LoRA's API ------------------------------------------------------------------------------
+def test_generate_and_generate_stream(server):
+    body = {"inputs": [1, 5, 6], "parameters": {"max_new_tokens": 6, "ignore_eos": True}}
+    whole = httpx2.post(f"{server.url}/generate", json=body).json()
+    assert whole["count_output_tokens"] == 6 and len(whole["generated_text"]) == 1
+    with httpx2.stream("POST", f"{server.url}/generate_stream", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    tokens, final = events[:-1], events[-1]
+    assert len(tokens) == 6 and not any(e["finished"] for e in tokens)
+    assert final["finished"] and final["details"] == {"finish_reason": "length", "prompt_tokens": 3, "generated_tokens": 6}
+    assert final["generated_text"] == whole["generated_text"][0]
+
+
+def test_generate_text_input_with_client_header(server):
+    r = httpx2.post(f"{server.url}/generate", json={"inputs": "abc", "parameters": {"max_new_tokens": 2, "ignore_eos": True}},
+                    headers={"X-Client-Id": "header-client"})
+    assert r.status_code == 200 and r.json()["prompt_tokens"] == 4
+    assert server.per_client("requests_finished_total").get("header-client") == 1
+
+
+# -- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, expected", [
+    ("{not json", "not valid JSON"),
+    ('{"max_tokens": 3}', "prompt: Field required"),
+    ('{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
+    ('{"prompt": "x", "max_tokens": -5}', "max_tokens: Input should be greater than 0"),
+    ('{"prompt": 12}', "prompt: must be a string or a list of token ids"),
+    ('{"prompt": "x", "n": 3}', "'n' is not supported"),
+    ('{"prompt": "x", "stop": ["\\n"]}', "'stop' is not supported"),
+    ('{"prompt": [1, 300]}', "token id 300 is outside the model's vocabulary"),
+    ('{"prompt": []}', "the prompt is empty"),
+    ('{"prompt": "x", "max_tokens": 1998}', "can never fit the memory pool of 2000 tokens: at most 1997 new tokens"),
+    ('{"prompt": "%s"}' % ("y" * 2500), "the prompt (2501 tokens) is too long for the memory pool of 2000 tokens"),
+    ('{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "max_tokens": 4090}', "exceeds the model's context of 4096 tokens"),
+    ('{"prompt": ["a", "b"]}', "one prompt per request"),
+])
+def test_bad_completion_requests_get_400_with_a_clear_message(server, body, expected):
+    r = httpx2.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert expected in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"messages": []}, "messages: List should have at least 1 item"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+])
+def test_bad_chat_requests(server, body, expected):
+    r = httpx2.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 400 and expected in r.json()["error"]["message"]
+
+
+def test_bad_generate_requests(server):
+    r = httpx2.post(f"{server.url}/generate", json={"parameters": {"max_new_tokens": 3}})
+    assert r.status_code == 400 and "inputs: Field required" in r.json()["error"]["message"]
+    r = httpx2.post(f"{server.url}/generate", json={"inputs": [1, 2], "parameters": {"max_new_tokens": 5000}})
+    assert r.status_code == 400 and "exceeds the model's context" in r.json()["error"]["message"]
+
+
+def test_openai_client_raises_on_a_bad_request_and_the_server_keeps_serving(server, client):
+    with pytest.raises(BadRequestError, match="can never fit the memory pool"):
+        client.completions.create(model="tiny", prompt=[1] * 1500, max_tokens=600)
+    assert client.completions.create(model="tiny", prompt="ok", max_tokens=2, extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+    server.wait_idle()
+
+
+# -- disconnects ---------------------------------------------------------------------------------
+def aborted(server, client_name: str) -> float:
+    return server.per_client("requests_aborted_total").get(client_name, 0)
+
+
+def wait_for(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_disconnect_mid_stream_aborts_and_frees_the_pool(server):
+    body = {"prompt": [1, 2, 3], "max_tokens": 1900, "stream": True, "ignore_eos": True, "user": "leaver"}
+    with httpx2.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # a token arrived: it is running
+        assert server.metrics()["slora_pool_used_tokens"] > 0
+    wait_for(lambda: aborted(server, "leaver") == 1)
+    m = server.wait_idle()
+    assert m['slora_requests_finished_total{client="leaver"}'] == 0
+
+
+def test_disconnect_while_queued_and_while_running(server):
+    """A long request holds the pool; a second one waits; both clients leave; nothing is left."""
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=30) as http:
+            long = {"inputs": [1, 2, 3], "parameters": {"max_new_tokens": 1990, "ignore_eos": True}}
+            async with http.stream("POST", f"{server.url}/generate_stream", json=long, headers={"X-Client-Id": "hog"}) as r1:
+                lines = r1.aiter_lines()  # keep it: a collected iterator closes the response
+                await anext(lines)
+                queued = {"inputs": [1, 2], "parameters": {"max_new_tokens": 1000}}  # cannot run beside the hog
+                async with http.stream("POST", f"{server.url}/generate_stream", json=queued, headers={"X-Client-Id": "waiter"}) as r2:
+                    assert r2.status_code == 200
+                    wait = server.per_client("client_waiting")
+                    assert wait.get("waiter") == 1
+    asyncio.run(scenario())
+    wait_for(lambda: aborted(server, "waiter") == 1 and aborted(server, "hog") == 1)
+    m = server.wait_idle()
+    assert m['slora_served_output_tokens_total{client="waiter"}'] == 0
+    assert m['slora_served_output_tokens_total{client="hog"}'] > 0
+
+
+def test_non_streaming_client_that_gives_up_is_aborted(server):
+    with pytest.raises(httpx2.ReadTimeout):
+        httpx2.post(f"{server.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1990, "ignore_eos": True, "user": "impatient"},
+                    timeout=httpx2.Timeout(0.5))
+    wait_for(lambda: aborted(server, "impatient") == 1)
+    server.wait_idle()

@@ -1,0 +1,112 @@
+"""`slora-vtc serve` as a process (clean shutdown on SIGINT / SIGTERM) and `slora-vtc bench-http`."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx2
+import pytest
+from server_util import running_server
+
+from slora_vtc.cli import main
+from slora_vtc.results import read_results
+from slora_vtc.server.bench import BenchConfig, run_bench
+
+
+# -- bench-http ----------------------------------------------------------------------------------
+def write_trace(path, rows):
+    path.write_text("".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), r))) + "\n" for r in rows))
+    return path
+
+
+def test_bench_http_replays_a_trace(tmp_path):
+    rows = [(f"client{k % 2}", 8 + k, 4 + k % 3, 0.05 * k) for k in range(12)]
+    rows.insert(6, ("client1", 1200, 8, 0.29))  # can never fit a pool of 1000 tokens: rejected
+    trace = write_trace(tmp_path / "trace.jsonl", rows)
+    out = tmp_path / "result.jsonl"
+    with running_server(pool_tokens=1000, scheduler="vtc") as srv:
+        assert main(["bench-http", str(trace), "--url", srv.url, "--out", str(out)]) == 0
+        srv.wait_idle()
+    (result,) = read_results(out)
+    assert result.config["scheduler"] == "vtc" and result.config["pool_tokens"] == 1000 and result.config["duration"] == 1
+    statuses = [r.status for r in result.responses]
+    assert statuses.count("rejected") == 1 and statuses.count("finished") == 12
+    for resp, (client, prompt, output, t) in zip(result.responses, rows):
+        assert (resp.client, resp.prompt_len, resp.output_len, resp.req_time) == (client, prompt, output, t)
+        if resp.status == "finished":
+            assert 0 < resp.first_token_latency <= resp.request_latency
+        else:
+            assert resp.first_token_latency == resp.request_latency == -1
+    assert result.total_time >= rows[-1][3]
+
+
+def test_bench_http_bad_input(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", [("a", 4, 4, 0.0)])
+    assert main(["bench-http", str(trace), "--url", "localhost:1"]) == 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(Exception, match="no server answers"):
+        run_bench(BenchConfig(str(trace), f"http://127.0.0.1:{port}"))
+
+
+# -- serve as a process ----------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "slora_vtc", "serve", "--port", str(port), "--pool-tokens", "3000", "--drain-timeout", "1", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx2.get(f"{url}/health").status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the server did not come up")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_signal_drains_then_aborts_and_exits(sig, code):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(port)
+    try:
+        wait_healthy(url, proc)
+        lines, started = [], threading.Event()
+
+        def long_stream():
+            body = {"prompt": [1, 2, 3], "max_tokens": 2900, "stream": True, "ignore_eos": True}
+            with httpx2.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    lines.append(line)
+
+        reader = threading.Thread(target=long_stream)
+        reader.start()
+        assert started.wait(30)
+        proc.send_signal(sig)
+        reader.join(30)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    data = [line[5:].strip() for line in lines if line.startswith("data:")]
+    assert data[-1] == "[DONE]"
+    assert "shutting down" in json.loads(data[-2])["error"]["message"]  # the stream ended with a final event
+    assert proc.returncode == code
+    assert "Traceback" not in err

@@ -1,0 +1,63 @@
+"""Load: 200 concurrent streaming requests from 20 clients; every request is accounted for, on the
+client side and in /metrics, and nothing is left in the pool. One client is rate limited (its
+excess gets 429) and some clients hang up mid-stream (their requests are aborted)."""
+
+import asyncio
+import json
+
+import httpx2
+from server_util import running_server
+
+CLIENTS, PER_CLIENT = 20, 10
+LIMITED_RPM = 5  # client c0: its last 5 requests are refused
+LEAVERS = {"c1", "c2"}  # these hang up after their first token
+LEAVER_TOKENS = 300  # long enough to be running still when the hang-up reaches the server
+
+
+async def one(http: httpx2.AsyncClient, url: str, client: str, k: int) -> str:
+    max_tokens = LEAVER_TOKENS if client in LEAVERS else 8 + k
+    body = {"prompt": [1] + [3 + k] * (4 + k), "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "user": client}
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code == 429:
+            return "rejected"
+        assert r.status_code == 200
+        events = []
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                events.append(line[5:].strip())
+                if client in LEAVERS:
+                    return "aborted"  # leaving the block closes the connection
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] == "length"
+    return "finished"
+
+
+async def flood(url: str) -> list[str]:
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
+        jobs = [one(http, url, f"c{i}", k) for k in range(PER_CLIENT) for i in range(CLIENTS)]
+        return await asyncio.gather(*jobs)
+
+
+def test_200_concurrent_streams_from_20_clients(tmp_path):
+    clients = tmp_path / "clients.toml"
+    clients.write_text(f"[clients.c0]\nrpm = {LIMITED_RPM}\n")
+    with running_server(pool_tokens=4000, clients_file=str(clients)) as srv:
+        outcomes = asyncio.run(flood(srv.url))
+        m = srv.wait_idle()
+    sent = CLIENTS * PER_CLIENT
+    assert len(outcomes) == sent
+    assert outcomes.count("rejected") == PER_CLIENT - LIMITED_RPM
+    assert outcomes.count("aborted") == len(LEAVERS) * PER_CLIENT
+    assert outcomes.count("finished") == sent - (PER_CLIENT - LIMITED_RPM) - len(LEAVERS) * PER_CLIENT
+
+    def total(name: str) -> float:
+        return sum(v for k, v in m.items() if k.startswith(f"slora_{name}{{"))
+
+    assert total("requests_admitted_total") + total("requests_rejected_total") == sent
+    assert total("requests_finished_total") + total("requests_aborted_total") == total("requests_admitted_total")
+    # a leaver may have been served to the end before its hang-up reached the engine
+    assert 0 < total("requests_aborted_total") <= outcomes.count("aborted")
+    assert total("requests_finished_total") >= outcomes.count("finished")
+    assert m["slora_pool_used_tokens"] == 0
