@@ -8,7 +8,7 @@ import pandas as pd
 
 from slora_vtc import metrics
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import BACKENDS, COSTS, Experiment, cost_function, run_experiment
+from slora_vtc.experiment import BACKENDS, COSTS, DEFAULT_MODEL, Experiment, cost_function, run_experiment
 from slora_vtc.memory import fits_alone
 from slora_vtc.results import RunResult, write_results
 from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler
@@ -92,7 +92,11 @@ def summary_row(result: RunResult) -> dict:
 def cmd_run(args) -> int:
     exp = _experiment(args, args.scheduler)
     result = run_experiment(exp, progress=True)
-    out = Path(args.out or f"results/{exp.suite}_{exp.scheduler.replace(':', '-')}.jsonl")
+    return _report(result, Path(args.out or f"results/{exp.suite}_{exp.scheduler.replace(':', '-')}.jsonl"))
+
+
+def _report(result: RunResult, out: Path) -> int:
+    """Write the result file and print its summary row."""
     write_results(out, [result])
     print(pd.DataFrame([summary_row(result)]).to_string(index=False, float_format="%.1f"))
     print(f"wrote {out}")
@@ -201,7 +205,7 @@ def cmd_serve(args) -> int:
     from slora_vtc.server.context import ServerConfig
     from slora_vtc.server.run import serve
 
-    model = args.model or ("llama-7b" if args.backend == "triton" else "tiny")
+    model = args.model or DEFAULT_MODEL[args.backend]
     serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
                        pool_tokens=args.pool_tokens, lora_rank=args.lora_rank, backend=args.backend, device=args.device,
                        dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout))
@@ -213,11 +217,7 @@ def cmd_bench_http(args) -> int:
 
     result = run_bench(BenchConfig(args.trace_file, args.url, time_scale=args.time_scale, duration=args.duration,
                                    clients_file=args.clients))
-    out = Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl")
-    write_results(out, [result])
-    print(pd.DataFrame([summary_row(result)]).to_string(index=False, float_format="%.1f"))
-    print(f"wrote {out}")
-    return 0
+    return _report(result, Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
 
 
 def _serve_parsers(sub) -> None:
