@@ -12,12 +12,11 @@ The same model then serves every figure: nothing is tuned per figure.
 """
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from slora_vtc.backends.base import ModelBackend, StepResult
-from slora_vtc.profile import ProfilePoint, load_profile
+from slora_vtc.profile import ProfilePoint
 from slora_vtc.request import Request
 
 
@@ -92,10 +91,6 @@ class SimBackend(ModelBackend):
 
     def __init__(self, model: StepTimeModel):
         self.model = model
-
-    @classmethod
-    def from_profile(cls, path: str | Path) -> "SimBackend":
-        return cls(StepTimeModel.fit(load_profile(path)))
 
     def prefill(self, reqs: list[Request]) -> StepResult:
         tokens = sum(r.prompt_len for r in reqs)

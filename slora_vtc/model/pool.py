@@ -18,7 +18,3 @@ class KVPool:
     @property
     def num_slots(self) -> int:
         return self.k.shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
