@@ -60,10 +60,10 @@ def _check(exp: Experiment) -> None:
     _check_adapters(exp)
     workload = exp.workload()
     build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    requests = exp.requests(workload)
-    if requests and not any(fits_alone(r, exp.engine_config()) for r in requests):
+    requests, config = exp.requests(workload), exp.engine_config()
+    if requests and not any(fits_alone(r, config) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
-        raise UserError(f"a pool of {exp.engine_config().pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+        raise UserError(f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
 
 
 def _check_adapters(exp: Experiment) -> None:
