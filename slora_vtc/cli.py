@@ -318,12 +318,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what requirements-real.txt adds to the simulator's requirements
+REAL_ENGINE_PACKAGES = {"torch", "triton", "transformers", "safetensors", "fastapi", "uvicorn", "prometheus_client", "openai", "httpx2"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except UserError as e:
         print(f"slora-vtc: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if e.name not in REAL_ENGINE_PACKAGES:
+            raise
+        print(f"slora-vtc: error: this command needs the real-engine packages ({e.name} is missing): "
+              "pip install -r requirements-real.txt, or `make test`, which installs them into .venv", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slora-vtc: interrupted", file=sys.stderr)

@@ -95,3 +95,15 @@ def test_python_dash_m_bad_suite():
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["slora-vtc: error: unknown suite 'nope' (known: " + ", ".join(SUITES) + ")"]
+
+
+def test_missing_real_engine_package_is_a_one_line_error(capsys, monkeypatch):
+    import slora_vtc.cli as cli
+
+    def without_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(cli, "cmd_run", without_torch)
+    code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "torch is missing" in err and "requirements-real.txt" in err
