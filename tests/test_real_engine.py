@@ -136,7 +136,7 @@ def test_run_end_to_end_on_cpu_writes_the_simulators_result_file(capsys, tmp_pat
 def test_scaled_wall_clock():
     clock = WallClock(scale=50)
     clock.wait_until(1.0)  # 1 workload second = 20 ms of wall time
-    assert 1.0 <= clock.now() < 5.0
+    assert 1.0 <= clock.now() < 25.0  # woke within half a wall second, however busy the machine
     start = time.perf_counter()
     clock.wait_until(2.0)
     assert time.perf_counter() - start < 0.5

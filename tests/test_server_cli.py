@@ -85,13 +85,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> Non
 def test_signal_drains_then_aborts_and_exits(sig, code):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port)
+    # the stream needs over a second even alone on a fast CPU (tiny: ~3,000 tokens/s at batch 1),
+    # far longer than the drain, so the drain must end in an abort
+    proc = start_server(port, "--pool-tokens", "5000", "--drain-timeout", "0.3")
     try:
         wait_healthy(url, proc)
         lines, started = [], threading.Event()
 
         def long_stream():
-            body = {"prompt": [1, 2, 3], "max_tokens": 2900, "stream": True, "ignore_eos": True}
+            body = {"prompt": [1, 2, 3], "max_tokens": 4000, "stream": True, "ignore_eos": True}
             with httpx2.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
                 for line in r.iter_lines():
                     started.set()
