@@ -7,6 +7,7 @@ their requests), and the application's lifespan exit joins the engine thread.
 """
 
 import math
+import signal
 
 import uvicorn
 
@@ -20,8 +21,10 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, ctx: ServerContext):
         super().__init__(config)
         self.ctx = ctx
+        self.stopped_by: int | None = None  # the signal that stopped the server
 
     def handle_exit(self, sig, frame) -> None:
+        self.stopped_by = sig
         self.ctx.service.stop(self.ctx.config.drain_s)
         super().handle_exit(sig, frame)
 
@@ -36,4 +39,9 @@ def serve(config: ServerConfig) -> None:
     ctx = build_context(config)
     print(f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
           f"(pool {config.pool_tokens} tokens)", flush=True)
-    server_for(ctx).run()
+    server = server_for(ctx)
+    server.run()
+    if server.stopped_by == signal.SIGINT:
+        # uvicorn re-raises the signal after shutdown, but whether that surfaces as a
+        # KeyboardInterrupt depends on where asyncio's own SIGINT handler catches it: be certain
+        raise KeyboardInterrupt
