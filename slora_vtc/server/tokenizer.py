@@ -12,6 +12,7 @@ from pathlib import Path
 
 from slora_vtc.config import ModelSpec
 from slora_vtc.errors import UserError
+from slora_vtc.hf_tokenizer import load_hf_tokenizer
 from slora_vtc.model.spec import is_folder
 
 BYTES = 256
@@ -57,12 +58,7 @@ class ByteTokenizer(Tokenizer):
 
 class HFTokenizer(Tokenizer):
     def __init__(self, folder: Path):
-        try:
-            from transformers import AutoTokenizer
-
-            self._tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{folder}: cannot load a tokenizer from this folder ({str(e).splitlines()[0]})") from None
+        self._tok = load_hf_tokenizer(folder)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=True))
@@ -83,8 +79,6 @@ def load_tokenizer(model: str, spec: ModelSpec, path: str | None = None) -> Toke
     if path == "byte":
         return ByteTokenizer(spec)
     if path is not None:
-        if not Path(path).is_dir():
-            raise UserError(f"{path}: tokenizer folder not found")
         return HFTokenizer(Path(path))
     if is_folder(model) and any((Path(model) / name).is_file() for name in TOKENIZER_FILES):
         return HFTokenizer(Path(model))

@@ -9,9 +9,9 @@ punctuation mark or other symbol one, plus BOS for prompts. For the counts the p
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
-from slora_vtc.errors import UserError
+from slora_vtc.hf_tokenizer import load_hf_tokenizer
+
 
 Counter = Callable[[str], int]
 _PIECES = re.compile(r"[^\W\d_]+|\d|[^\w\s]|_")
@@ -22,15 +22,7 @@ def approx_count(text: str) -> int:
 
 
 def hf_counter(path: str) -> Counter:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise UserError(f"{path}: tokenizer folder not found")
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: cannot load a tokenizer from this folder ({str(e).splitlines()[0]})") from None
+    tokenizer = load_hf_tokenizer(path)
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
