@@ -1,12 +1,13 @@
-# `make figures` and `make test` each create .venv (pinned dependencies) when it is missing.
-# The simulator needs only requirements.txt; the tests also cover the real engine (torch, triton).
+# `make figures`, `make test` and `make test-sim` each create .venv (pinned dependencies) when it is
+# missing. The simulator needs only requirements.txt; `make test` adds the real engine (torch,
+# triton) and the server. `make test-sim` runs the simulator's tests alone, without torch installed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 SIM := $(VENV)/.sim-installed
 REAL := $(VENV)/.real-installed
 
-.PHONY: figures test bench clean
+.PHONY: figures docs test test-sim bench clean
 
 $(SIM): requirements.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +21,20 @@ $(REAL): $(SIM) requirements-real.txt
 
 figures: $(SIM)
 	MPLBACKEND=Agg $(PY) -m slora_vtc figures
+	$(PY) -m slora_vtc docs --write
+
+docs: $(SIM)
+	$(PY) -m slora_vtc docs --write
 
 test: $(REAL)
 	$(PY) -m pytest -q
 
+test-sim: $(SIM)
+	$(PY) -m pytest -q tests/sim
+
 bench: $(REAL)
 	$(PY) benchmarks/run.py
+	$(PY) -m slora_vtc docs --write
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

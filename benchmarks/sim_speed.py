@@ -28,7 +28,7 @@ def measure_sim_speed(repeats: int, progress: bool = True) -> list[dict]:
         for suite, scheduler in RUNS:
             samples = []
             for _ in range(repeats):
-                wall_s, result = timed_run(Experiment(suite, scheduler))
+                wall_s, result = timed_run(Experiment(suite=suite, scheduler=scheduler))
                 samples.append(wall_s)
                 bar.update()
             rows.append(speed_row(suite, scheduler, result, samples))

@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 from slora_vtc import metrics
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
 from slora_vtc.config import EngineConfig
+from slora_vtc.experiment import serve_requests
 from slora_vtc.results import RunResult
-from slora_vtc.sched import SchedulerOptions
-from slora_vtc.workloads import workload_from_result
+from slora_vtc.sched import build_scheduler
+from slora_vtc.workload import workload_from_result
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,9 @@ class Replay:
 
 def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000) -> Replay:
     """Serve a measured run's requests on the simulator and compare throughputs."""
-    from slora_vtc.experiment import simulate
-
     workload = workload_from_result("measured", measured)
-    requests, total = simulate(workload, scheduler, SchedulerOptions(), EngineConfig(pool_tokens=pool_tokens), SimBackend(model))
+    requests = workload.requests()
+    total = serve_requests(requests, build_scheduler(scheduler, list(workload.clients)), EngineConfig(pool_tokens=pool_tokens), SimBackend(model))
     simulated = RunResult.of({}, requests, total)
     return Replay(metrics.throughput(measured), metrics.throughput(simulated))
 
@@ -61,17 +61,14 @@ def calibration_report(profile: str | None, measured: list[str], schedulers: lis
     """Fit, residuals, the overhead fitted on the first measured run, and every replay's error."""
     import pandas as pd
 
-    from slora_vtc.data import A10G_PROFILE, PAPER_RESULTS, data_dir, data_file
-    from slora_vtc.errors import UserError
+    from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
     from slora_vtc.profile import load_profile
     from slora_vtc.results import read_results
 
     profile = profile or data_file(A10G_PROFILE)
-    if profile is None:
-        raise UserError(f"no profile given and {data_dir() / A10G_PROFILE} is missing: pass --profile FILE")
     if not measured:
-        found = sorted((data_dir() / PAPER_RESULTS).glob("*.jsonl")) if (data_dir() / PAPER_RESULTS).exists() else []
-        measured = [str(p) for p in sorted(found, key=lambda p: not p.name.startswith("vtc"))]
+        found = sorted(data_file(MEASURED).glob("*.jsonl"), key=lambda p: (not p.name.startswith("vtc"), p.name))
+        measured = [str(p) for p in found]
     schedulers = list(schedulers) + [_guess_scheduler(m) for m in measured[len(schedulers):]]
     points = load_profile(profile)
     model = StepTimeModel.fit(points)

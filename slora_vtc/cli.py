@@ -8,11 +8,12 @@ import pandas as pd
 
 from slora_vtc import metrics
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import BACKENDS, COSTS, DEFAULT_MODEL, Experiment, cost_function, run_experiment
+from slora_vtc.backends.registry import BACKENDS, get_backend
+from slora_vtc.experiment import COSTS, Experiment, cost_function, run_experiment
 from slora_vtc.memory import fits_alone
 from slora_vtc.results import RunResult, write_results
 from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler
-from slora_vtc.workloads import SUITES, get_suite
+from slora_vtc.suites import SUITES, get_suite
 
 
 def _experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
@@ -36,7 +37,7 @@ def _experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
 
 def _model_args(p, backend: bool = False) -> None:
     if backend:
-        p.add_argument("--backend", default="torch", choices=[b for b in BACKENDS if b != "sim"])
+        p.add_argument("--backend", default="torch", choices=[b for b, e in BACKENDS.items() if e.runs_model])
     p.add_argument("--model", help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: tiny on torch, llama-7b on triton)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cpu for torch, cuda for triton)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU")
@@ -44,9 +45,10 @@ def _model_args(p, backend: bool = False) -> None:
 
 def _experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
-        args.suite, scheduler, args.pool_tokens, args.duration, args.seed, args.cost, args.lift,
-        args.extra_charge_at_finish, args.profile, args.backend, args.trace, args.model, args.adapters,
-        args.adapter_rank, args.time_scale, args.device, args.dtype,
+        suite=args.suite, scheduler=scheduler, pool_tokens=args.pool_tokens, duration=args.duration, seed=args.seed,
+        cost=args.cost, lift=args.lift, extra_charge_at_finish=args.extra_charge_at_finish, profile=args.profile,
+        backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
+        time_scale=args.time_scale, device=args.device, dtype=args.dtype,
     )
     _check(exp)
     return exp
@@ -161,7 +163,7 @@ def cmd_generate(args) -> int:
 
     prompts = [_ids(text) for text in args.prompt_ids]
     sampling = SamplingParams() if args.greedy else SamplingParams(args.temperature, args.top_k, args.top_p)
-    outputs = generate(args.model or "tiny", prompts, args.max_new_tokens, sampling, args.ignore_eos, args.backend,
+    outputs = generate(args.model or get_backend(args.backend).default_model, prompts, args.max_new_tokens, sampling, args.ignore_eos, args.backend,
                        args.device, args.dtype, args.seed, args.pool_tokens)
     for ids in outputs:
         print(",".join(map(str, ids)))
@@ -184,7 +186,7 @@ def cmd_profile(args) -> int:
     grid = ARTIFACT_GRID
     if args.inputs or args.outputs:
         grid = tuple((i, o) for i in _ids(args.inputs or "8,64,256,512") for o in _ids(args.outputs or "1,64,128,256"))
-    points = measure_profile(args.backend, args.model or ("llama-7b" if args.backend == "triton" else "tiny"), args.pool_tokens,
+    points = measure_profile(args.backend, args.model or get_backend(args.backend).default_model, args.pool_tokens,
                              grid, args.device, args.dtype, args.max_batch, progress=True)
     save_profile(points, args.out)
     rows = [{"input": p.input_len, "output": p.output_len, "batch": p.batch_size, "prefill_ms": 1000 * p.prefill_s,
@@ -205,7 +207,7 @@ def cmd_serve(args) -> int:
     from slora_vtc.server.context import ServerConfig
     from slora_vtc.server.run import serve
 
-    model = args.model or DEFAULT_MODEL[args.backend]
+    model = args.model or get_backend(args.backend).default_model
     serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
                        pool_tokens=args.pool_tokens, lora_rank=args.lora_rank, backend=args.backend, device=args.device,
                        dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout))

@@ -1,38 +1,32 @@
-"""One experiment: a suite's workload served by one scheduler on one backend, as a RunResult."""
+"""One experiment: a suite's workload served by one scheduler on one backend, as a RunResult.
 
-from dataclasses import asdict, dataclass, replace
+The same function serves simulated and real runs; only the backend (and so the clock) differs.
+"""
+
+from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
 from slora_vtc.backends.base import ModelBackend
-from slora_vtc.backends.sim import SimBackend, StepTimeModel
-from slora_vtc.clock import VirtualClock
+from slora_vtc.backends.registry import BackendSettings, build_backend, get_backend
+from slora_vtc.clock import VirtualClock, WallClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
 from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
+from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.profile import load_profile
 from slora_vtc.request import Request
 from slora_vtc.results import RunResult
-from slora_vtc.sched import Lift, SchedulerOptions, build_scheduler
-from slora_vtc.workloads import Workload, get_suite
+from slora_vtc.sched import Lift, Scheduler, SchedulerOptions, build_scheduler
+from slora_vtc.suites import get_suite
+from slora_vtc.workload import Workload
 
-# StepTimeModel.fit() of the artifact's A10G / Llama-7B profile (a test checks the refit matches),
-# so the simulator runs without the shared data folder. The overhead comes from
-# `slora-vtc calibrate` against the artifact's measured VTC overload run (see paper_repro.md).
-A10G_STEP_MODEL = StepTimeModel(
-    prefill_coef=(0.04455522335156053, 0.0001843005467338533, 0.0002069428602955795),
-    decode_coef=(0.03022487932551086, 0.00022468187696440307, 1.0031000690461657e-06),
-    decode_knee=35,
-    overhead_s=0.0022,
-)
 COSTS = ("linear", "profile")
-BACKENDS = ("sim", "torch", "triton")
-DEFAULT_MODEL = {"torch": "tiny", "triton": "llama-7b"}
 REAL_ONLY = ("model", "time_scale", "device", "dtype")  # fields a simulated run leaves out of its result file
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
     suite: str
     scheduler: str
@@ -45,7 +39,7 @@ class Experiment:
     profile: str | None = None  # a cost-profile file to calibrate the simulator (and cost) with
     backend: str = "sim"
     trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
-    model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: DEFAULT_MODEL)
+    model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: the backend's)
     adapters: int | None = None  # LoRA adapters the clients map to, round robin (default: one per client; 0: none)
     adapter_rank: int = 8
     time_scale: float = 1.0  # real backends: workload seconds per wall-clock second
@@ -54,11 +48,11 @@ class Experiment:
 
     @property
     def real_backend(self) -> bool:
-        return self.backend != "sim"
+        return get_backend(self.backend).runs_model
 
     @property
     def model_name(self) -> str | None:
-        return (self.model or DEFAULT_MODEL.get(self.backend, "tiny")) if self.real_backend else None
+        return (self.model or get_backend(self.backend).default_model) if self.real_backend else None
 
     def engine_config(self) -> EngineConfig:
         row_slots = 1
@@ -68,6 +62,10 @@ class Experiment:
             row_slots = resolve_spec(self.model_name).lora_slots_per_row
         pool = self.pool_tokens or get_suite(self.suite).pool_tokens
         return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=row_slots)
+
+    def backend_settings(self, config: EngineConfig) -> BackendSettings:
+        return BackendSettings(pool_tokens=config.pool_tokens, lora_rank=self.adapter_rank, profile=self.profile,
+                               model=self.model_name, device=self.device, dtype=self.dtype, seed=self.seed)
 
     def requests(self, workload: Workload) -> list[Request]:
         """The workload's requests; with `adapters` set, client i uses adapter i mod N (or none)."""
@@ -104,44 +102,25 @@ def cost_function(name: str, profile: str | None = None) -> CostFunction:
     raise UserError(f"unknown cost function '{name}' (known: {', '.join(COSTS)})")
 
 
-def sim_backend(profile: str | None = None) -> SimBackend:
-    """The A10G model by default; a profile file refits the forward pass, keeping the overhead."""
-    if profile is None:
-        return SimBackend(A10G_STEP_MODEL)
-    fitted = StepTimeModel.fit(load_profile(profile))
-    return SimBackend(replace(fitted, overhead_s=A10G_STEP_MODEL.overhead_s))
+def serve_requests(requests: list[Request], scheduler: Scheduler, config: EngineConfig, backend: ModelBackend,
+                   time_scale: float = 1.0, progress: bool = False, label: str = "") -> float:
+    """Serve requests arriving at their times until each has ended; returns the total time.
 
-
-def simulate(
-    workload: Workload,
-    scheduler: str,
-    options: SchedulerOptions,
-    config: EngineConfig,
-    backend: ModelBackend,
-    progress: bool = False,
-    label: str = "",
-    requests: list[Request] | None = None,
-) -> tuple[list, float]:
-    """Serve a workload on a virtual clock; returns the ended requests and the total time."""
-    requests = workload.requests() if requests is None else requests
-    engine_scheduler = build_scheduler(scheduler, list(workload.clients), options)
-    with tqdm(total=len(requests), desc=label or f"{workload.name}/{scheduler}", unit="req", disable=not progress, leave=False) as bar:
-        clock = VirtualClock()
-        engine = Engine(config, engine_scheduler, backend, clock, on_end=lambda _: bar.update())
-        engine.run(requests)
-    return requests, clock.now()
+    A simulated backend runs on a virtual clock; a real one on the wall clock, scaled by `time_scale`.
+    """
+    backend.warmup()
+    clock = VirtualClock() if backend.simulated else WallClock(time_scale)
+    memory = MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots, on_load=backend.load_adapter)
+    with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
+        Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
+    return clock.now()
 
 
 def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     """Run one experiment; every request ends finished, rejected or aborted."""
-    if exp.backend not in BACKENDS:
-        raise UserError(f"unknown backend '{exp.backend}' (known: {', '.join(BACKENDS)})")
     workload, config = exp.workload(), exp.engine_config()
-    if exp.real_backend:
-        from slora_vtc.realrun import serve  # imports torch
-
-        requests, total = serve(exp, workload, config, progress)
-    else:
-        backend = sim_backend(exp.profile)
-        requests, total = simulate(workload, exp.scheduler, exp.scheduler_options(), config, backend, progress, requests=exp.requests(workload))
+    backend = build_backend(exp.backend, exp.backend_settings(config))
+    requests = exp.requests(workload)
+    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})")
     return RunResult.of(exp.result_config(config, workload), requests, total)

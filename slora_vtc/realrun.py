@@ -1,16 +1,11 @@
-"""Real runs on the Llama backend: an experiment on the wall clock, `generate`, and `profile`.
-
-Imported lazily (it imports torch): the simulator never loads it.
+"""Real-engine commands beside `run`: `generate` (token ids for prompts) and `profile` (a cost
+profile of this hardware, in the artifact's format). Imported lazily: it imports torch.
 """
 
-import os
-from typing import TYPE_CHECKING
-
-import torch
 from tqdm import tqdm
 
 from slora_vtc.backends.llama import LlamaBackend, build_backend
-from slora_vtc.clock import VirtualClock, WallClock
+from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
@@ -21,41 +16,12 @@ from slora_vtc.profile import ProfilePoint
 from slora_vtc.request import Request, State
 from slora_vtc.sched import build_scheduler
 
-if TYPE_CHECKING:
-    from slora_vtc.experiment import Experiment
-    from slora_vtc.workloads import Workload
-
-SMALL_HIDDEN = 1024  # up to this hidden size, a CPU step runs single-threaded (see _real_backend)
-
-# The grid of the artifact's profile (../shared/data/cost_profile_a10g_llama7b.json): every input
-# length with one output token, and four input lengths with longer outputs.
+# The grid of the artifact's profile (profiles/a10g_llama7b.json): every input length with one
+# output token, and four input lengths with longer outputs.
 ARTIFACT_GRID: tuple[tuple[int, int], ...] = (
     *((i, 1) for i in (8, 16, 32, 64, 128, 256, 512)),
     *((i, o) for i in (8, 64, 256, 512) for o in (64, 128, 196, 256)),
 )
-
-
-def _real_backend(*args, **kwargs) -> LlamaBackend:
-    backend = build_backend(*args, **kwargs)
-    small = backend.spec.hidden_size <= SMALL_HIDDEN
-    if backend.device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
-        # A small model's ops are too short to split across threads: that only adds barrier waits
-        # (10x slower steps on a busy 2-vCPU machine). OMP_NUM_THREADS overrides this.
-        torch.set_num_threads(1)
-    return backend
-
-
-def serve(exp: "Experiment", workload: "Workload", config: EngineConfig, progress: bool = False) -> tuple[list[Request], float]:
-    """Serve an experiment's workload on the wall clock (scaled by exp.time_scale)."""
-    backend = _real_backend(exp.backend, exp.model_name, config.pool_tokens, exp.adapter_rank, exp.device, exp.dtype, exp.seed)
-    backend.warmup()
-    requests = exp.requests(workload)
-    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots, on_load=backend.load_adapter)
-    with tqdm(total=len(requests), desc=f"{workload.name}/{exp.scheduler} ({exp.backend})", unit="req", disable=not progress, leave=False) as bar:
-        clock = WallClock(exp.time_scale)
-        Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
-    return requests, clock.now()
 
 
 def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -73,7 +39,7 @@ def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling
             raise UserError(f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens")
         if len(ids) + max_new_tokens > spec.max_position:
             raise UserError(f"{len(ids)} + {max_new_tokens} tokens exceed the model's context of {spec.max_position}")
-    llama = _real_backend(backend, model, pool, 0, device, dtype, seed, sampling)
+    llama = build_backend(backend, model, pool, 0, device, dtype, seed, sampling)
     config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1))
     engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), MemoryManager(TokenPool(pool), 0))
     stop = None if ignore_eos else spec.eos_token_id
@@ -103,7 +69,7 @@ def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=AR
     for i, o in grid:
         if i <= 0 or o <= 0 or i + o > pool_tokens:
             raise UserError(f"profile point ({i}, {o}) does not fit a pool of {pool_tokens} tokens")
-    llama = _real_backend(backend, model, pool_tokens, 0, device, dtype, seed)
+    llama = build_backend(backend, model, pool_tokens, 0, device, dtype, seed)
     llama.warmup()
     memory = MemoryManager(TokenPool(pool_tokens), 0)
     points = []

@@ -11,12 +11,14 @@ import pytest  # noqa: E402
 from slora_vtc.backends.base import ModelBackend, StepResult  # noqa: E402
 from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
-from slora_vtc.data import data_dir, data_file  # noqa: E402
+from slora_vtc.data import A10G_PROFILE, REAL_TRACE, data_file, measured_run  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.request import Request, State  # noqa: E402
 from slora_vtc.results import Response, RunResult  # noqa: E402
 
 ENDED = (State.FINISHED, State.REJECTED, State.ABORTED)
+REPO = Path(__file__).resolve().parent.parent
+ARENA_FIXTURE = REPO / "traces" / "arena_fixture.jsonl"
 
 
 class FixedBackend(ModelBackend):
@@ -81,14 +83,15 @@ def result_of(rows: list[tuple], total_time: float) -> RunResult:
     return RunResult({}, total_time, tuple(Response(*row) for row in rows))
 
 
-def shared_data(name: str) -> Path:
-    """A file of the shared measured data (never copied into the repo)."""
-    path = data_file(name)
-    if path is None:
-        pytest.fail(f"shared data file {data_dir() / name} is missing (set SLORA_VTC_DATA to the data folder)")
-    return path
+def a10g_profile() -> Path:
+    return data_file(A10G_PROFILE)
+
+
+def lmsys_trace() -> Path:
+    return data_file(REAL_TRACE)
 
 
 @pytest.fixture
 def paper_results():
-    return lambda name: shared_data(f"paper_results/{name}")
+    """The artifact's measured result files, by name (they ship in data/measured/)."""
+    return measured_run

@@ -40,7 +40,7 @@ def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clien
 
 def tiny_backend(model: str = "tiny", pool: int = 2000, lora_rank: int = 0, **kw) -> LlamaBackend:
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # as the CLI does for small models (realrun._real_backend)
+        torch.set_num_threads(1)  # as the CLI does for small models (backends.llama.build_backend)
     return build_backend("torch", model, pool_tokens=pool, lora_rank=lora_rank, **kw)
 
 

@@ -3,6 +3,8 @@
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
+
 from slora_vtc.request import Request
 
 
@@ -16,7 +18,13 @@ class StepResult:
 
 
 class ModelBackend(ABC):
-    """A forward pass for a batch. Prefill yields each request's first output token."""
+    """A forward pass for a batch. Prefill yields each request's first output token.
+
+    A simulated backend's steps take virtual time (the engine then runs on a VirtualClock); a real
+    backend's take the wall-clock time they took.
+    """
+
+    simulated: bool = False
 
     @abstractmethod
     def prefill(self, reqs: list[Request]) -> StepResult:
@@ -28,3 +36,9 @@ class ModelBackend(ABC):
 
     def release(self, req: Request) -> None:
         """Forget per-request state (sampling state, caches) once the request has left."""
+
+    def load_adapter(self, name: str, slots: np.ndarray) -> None:
+        """Copy an adapter's weights into the pool slots just allocated for it (MemoryManager's on_load)."""
+
+    def warmup(self) -> None:
+        """Run every kernel once before the clock starts (a real backend compiles on first use)."""

@@ -32,6 +32,7 @@ BACKEND_OPS = {"torch": "torch", "triton": "triton"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 FIRST_DUMMY_TOKEN = 3  # dummy prompts avoid the special tokens 0-2 (unk, bos, eos in Llama's vocabulary)
+SMALL_HIDDEN = 1024  # up to this hidden size, a CPU step runs single-threaded (see build_backend)
 
 
 class RequestRows:
@@ -264,5 +265,9 @@ def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, lor
     dev = resolve_device(name, device)  # before the kernels are imported: they may turn on the interpreter
     dt = resolve_dtype(dtype, dev)
     ops = load_ops(BACKEND_OPS[name])
+    if dev.type == "cpu" and spec.hidden_size <= SMALL_HIDDEN and "OMP_NUM_THREADS" not in os.environ:
+        # A small model's ops are too short to split across threads: that only adds barrier waits
+        # (10x slower steps on a busy 2-vCPU machine). OMP_NUM_THREADS overrides this.
+        torch.set_num_threads(1)
     llama = Llama(spec, load_weights(model, spec, dev, dt, seed), KVPool(spec, pool_tokens, dev, dt), ops)
     return LlamaBackend(llama, sampling, lora_rank, lora_scale, seed)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from slora_vtc.backends.base import ModelBackend, StepResult
-from slora_vtc.profile import ProfilePoint
+from slora_vtc.profile import ProfilePoint, load_profile
 from slora_vtc.request import Request
 
 
@@ -89,6 +89,8 @@ def _fit_nonnegative(rows: list[list[float]], y: list[float]) -> tuple[float, ..
 class SimBackend(ModelBackend):
     """No model: each step 'takes' the time the fitted model predicts; tokens are not produced."""
 
+    simulated = True
+
     def __init__(self, model: StepTimeModel):
         self.model = model
 
@@ -99,3 +101,22 @@ class SimBackend(ModelBackend):
     def decode(self, reqs: list[Request]) -> StepResult:
         context = sum(r.prompt_len + r.generated for r in reqs)
         return StepResult([None] * len(reqs), self.model.decode_time(len(reqs), context))
+
+
+# StepTimeModel.fit() of the A10G / Llama-7B profile (profiles/a10g_llama7b.json; a test checks
+# that the refit matches), kept here so that a run does not refit on every start. The overhead is
+# `slora-vtc calibrate`'s fit against the artifact's measured VTC overload run (docs/design.md).
+A10G_STEP_MODEL = StepTimeModel(
+    prefill_coef=(0.04455522335156053, 0.0001843005467338533, 0.0002069428602955795),
+    decode_coef=(0.03022487932551086, 0.00022468187696440307, 1.0031000690461657e-06),
+    decode_knee=35,
+    overhead_s=0.0022,
+)
+
+
+def sim_backend(profile: str | None = None) -> SimBackend:
+    """The A10G model by default; a profile file refits the forward pass, keeping the overhead."""
+    if profile is None:
+        return SimBackend(A10G_STEP_MODEL)
+    fitted = StepTimeModel.fit(load_profile(profile))
+    return SimBackend(replace(fitted, overhead_s=A10G_STEP_MODEL.overhead_s))

@@ -14,10 +14,7 @@ from slora_vtc.profile import load_profile
 
 
 def draw(results: Results, out: Path) -> dict:
-    path = data_file(A10G_PROFILE)
-    if path is None:
-        return {"skipped": f"{A10G_PROFILE} not found in the shared data folder"}
-    points = load_profile(path)
+    points = load_profile(data_file(A10G_PROFILE))
     model = StepTimeModel.fit(points)
     paper_h, refit_h = ProfiledCost(), ProfiledCost.fit([(p.input_len, p.output_len, 1000 * (p.prefill_s + p.decode_s)) for p in points])
     fig, axes = panels(3)

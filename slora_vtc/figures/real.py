@@ -15,7 +15,7 @@ from slora_vtc.experiment import Experiment, cost_function
 from slora_vtc.figures.base import Figure, Results, run_numbers
 from slora_vtc.figures.plot import panels, save
 from slora_vtc.results import RunResult
-from slora_vtc.workloads import SUITES
+from slora_vtc.suites import SUITES
 
 DURATION = 600.0
 TICKS = np.arange(0, DURATION + 1, 6.0)
@@ -49,7 +49,7 @@ def response_panel(ax, result: RunResult, title: str, clients: list[str] | None 
 
 
 def _experiments(*schedulers: str, cost: str = "linear") -> dict[str, Experiment]:
-    return {s: Experiment("real", s, cost=cost) for s in schedulers}
+    return {s: Experiment(suite="real", scheduler=s, cost=cost) for s in schedulers}
 
 
 def _response_figure(name: str, figure: str, title: str, runs: dict[str, Experiment], all_clients: bool = False) -> Figure:
@@ -95,7 +95,7 @@ def _table_experiments() -> dict[tuple[str, str, str], Experiment]:
         for s in TABLE_SCHEDULERS:
             for cost in ("linear", "profile"):
                 blind = s.split(":")[0] in COST_BLIND
-                runs[suite, s, cost] = Experiment(suite, s, duration=duration, cost="linear" if blind else cost)
+                runs[suite, s, cost] = Experiment(suite=suite, scheduler=s, duration=duration, cost="linear" if blind else cost)
     return runs
 
 
@@ -125,8 +125,8 @@ FIGURES = [
     _response_figure("real_rpm5_all", "13", "real trace: all 27 clients at RPM 5 and under VTC", _experiments("rpm:5", "vtc"), all_clients=True),
     _rpm_throughput(),
     _response_figure("real_profiled_cost", "18", "real trace, profiled cost h: all 27 clients",
-                     {"fcfs": Experiment("real", "fcfs"), "rpm:20": Experiment("real", "rpm:20"),
-                      "lcf": Experiment("real", "lcf", cost="profile"), "vtc": Experiment("real", "vtc", cost="profile")}, all_clients=True),
+                     {"fcfs": Experiment(suite="real", scheduler="fcfs"), "rpm:20": Experiment(suite="real", scheduler="rpm:20"),
+                      "lcf": Experiment(suite="real", scheduler="lcf", cost="profile"), "vtc": Experiment(suite="real", scheduler="vtc", cost="profile")}, all_clients=True),
     _response_figure("real_length_prediction", "20", "real trace: VTC with length prediction",
                      _experiments("vtc", "vtc-oracle", "vtc-avg", "vtc-pred:0.5")),
     _tables(),

@@ -1,20 +1,19 @@
 """Figures 3-10: each synthetic suite's service rate and response time per scheduler, and the
 absolute service difference where the paper compares schedulers. Measured curves are drawn
-dashed beside ours where the artifact's result files are available."""
+dashed beside ours for the suite the artifact measured (overload)."""
 
 from pathlib import Path
 
-from slora_vtc.data import PAPER_RESULTS, data_file
+from slora_vtc.data import measured_run as measured_file
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results, run_numbers
 from slora_vtc.figures.plot import MEASURED_STYLE, panels, response_time_panel, save, service_difference_panel, service_rate_panel
 from slora_vtc.results import RunResult, read_results
-from slora_vtc.workloads import SUITES
+from slora_vtc.suites import SUITES
 
 
-def measured_run(filename: str) -> RunResult | None:
-    path = data_file(f"{PAPER_RESULTS}/{filename}")
-    return read_results(path)[0] if path else None
+def measured_run(filename: str) -> RunResult:
+    return read_results(measured_file(filename))[0]
 
 
 def suite_figure(suite_name: str, measured: dict[str, str] | None = None, durations: dict[str, float] | None = None) -> Figure:
@@ -22,12 +21,11 @@ def suite_figure(suite_name: str, measured: dict[str, str] | None = None, durati
     suite = SUITES[suite_name]
     schedulers = suite.schedulers
     duration = {s: (durations or {}).get(s, suite.duration) for s in schedulers}
-    experiments = tuple(Experiment(suite_name, s, duration=(durations or {}).get(s)) for s in schedulers)
+    experiments = tuple(Experiment(suite=suite_name, scheduler=s, duration=(durations or {}).get(s)) for s in schedulers)
 
     def draw(results: Results, out: Path) -> dict:
         runs = {s: results[e] for s, e in zip(schedulers, experiments)}
         truth = {s: measured_run(f) for s, f in (measured or {}).items()}
-        truth = {s: r for s, r in truth.items() if r is not None}
         compare = len(schedulers) > 1
         fig, axes = panels(6, rows=2) if compare else panels(2)
         for k, s in enumerate(schedulers):

@@ -6,14 +6,14 @@ from pathlib import Path
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results, run_numbers
 from slora_vtc.figures.plot import panels, save, service_difference_panel, service_rate_panel
-from slora_vtc.workloads import SUITES
+from slora_vtc.suites import SUITES
 
 LENGTHS = (256, 512, 768)
 
 
 def _ablation() -> Figure:
-    runs = {(pool, n): Experiment(f"ablation_{pool}k_{n}", "vtc") for pool in (35, 65) for n in LENGTHS}
-    fcfs = Experiment("ablation_65k_256", "fcfs")
+    runs = {(pool, n): Experiment(suite=f"ablation_{pool}k_{n}", scheduler="vtc") for pool in (35, 65) for n in LENGTHS}
+    fcfs = Experiment(suite="ablation_65k_256", scheduler="fcfs")
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -33,7 +33,7 @@ def _ablation() -> Figure:
 
 def _weighted() -> Figure:
     suite = SUITES["overload_weighted"]
-    plain, weighted = Experiment(suite.name, "vtc"), Experiment(suite.name, "wvtc:1,2,3,4")
+    plain, weighted = Experiment(suite=suite.name, scheduler="vtc"), Experiment(suite=suite.name, scheduler="wvtc:1,2,3,4")
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -56,7 +56,7 @@ PREDICTION_SCHEDULERS = {"VTC": "vtc", "VTC +-50% prediction": "vtc-pred:0.5", "
 
 def _prediction() -> Figure:
     cases = {"overload": 360.0, "overload_multi": 360.0}
-    runs = {(suite, label): Experiment(suite, spec, duration=d) for suite, d in cases.items() for label, spec in PREDICTION_SCHEDULERS.items()}
+    runs = {(suite, label): Experiment(suite=suite, scheduler=spec, duration=d) for suite, d in cases.items() for label, spec in PREDICTION_SCHEDULERS.items()}
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -74,7 +74,7 @@ def _prediction() -> Figure:
 def _lift() -> Figure:
     """The rules differ only when a client arrives while nobody waits: rare under overload."""
     suites = ("overload_multi", "ablation_65k_512")
-    runs = {(s, lift): Experiment(s, "vtc", lift=lift) for s in suites for lift in ("paper", "artifact")}
+    runs = {(s, lift): Experiment(suite=s, scheduler="vtc", lift=lift) for s in suites for lift in ("paper", "artifact")}
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(len(suites))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from slora_vtc.config import ModelSpec
+from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.weights import LayerWeights, LlamaWeights
 

@@ -6,7 +6,7 @@ to whom is decided by the engine's TokenPool, never here.
 
 import torch
 
-from slora_vtc.config import ModelSpec
+from slora_vtc.model.spec import ModelSpec
 
 
 class KVPool:

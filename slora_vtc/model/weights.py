@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from slora_vtc.config import ModelSpec
+from slora_vtc.model.spec import ModelSpec
 from slora_vtc.errors import UserError
 from slora_vtc.model.spec import is_folder
 

@@ -45,3 +45,7 @@ class Scheduler(ABC):
     def waiting_by_client(self) -> dict[str, int]:
         """Waiting requests per client (read-only; for monitoring). Clients with none may be left out."""
         return {}
+
+    def counters(self) -> dict[str, float]:
+        """Each known client's service counter (read-only; for monitoring). Empty without counters."""
+        return {}

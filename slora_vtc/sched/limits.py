@@ -69,6 +69,9 @@ class RateLimited(Scheduler):
     def waiting_by_client(self) -> dict[str, int]:
         return self.inner.waiting_by_client()
 
+    def counters(self) -> dict[str, float]:
+        return self.inner.counters()
+
 
 class RPM(RateLimited):
     """The paper's rate-limit baseline: FCFS, rejecting a client's request when it already had

@@ -61,6 +61,9 @@ class VTC(Scheduler):
     def counter(self, client: str) -> float:
         return self._clients[client].counter if client in self._clients else 0.0
 
+    def counters(self) -> dict[str, float]:
+        return {name: c.counter for name, c in self._clients.items()}
+
     def _client(self, name: str) -> _Client:
         if name not in self._clients:
             self._clients[name] = _Client(len(self._clients), weight=self.weights.get(name, 1.0), queue=deque())

@@ -17,8 +17,7 @@ from slora_vtc.server import openai_api, slora_api
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError, error_body
-from slora_vtc.server.metrics import render, take_snapshot
-from slora_vtc.server.service import ServiceStopped
+from slora_vtc.server.metrics import render
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -51,10 +50,7 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
 
 
 async def metrics(ctx: ServerContext = Depends(context)) -> Response:
-    try:
-        snap = await asyncio.wrap_future(ctx.service.call(lambda: take_snapshot(ctx.service)))
-    except ServiceStopped:  # no engine thread any more: nothing changes the numbers now
-        snap = take_snapshot(ctx.service)
+    snap = await asyncio.wrap_future(ctx.service.snapshot())
     return Response(render(snap), media_type=CONTENT_TYPE_LATEST)
 
 

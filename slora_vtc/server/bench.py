@@ -19,7 +19,8 @@ import httpx2
 from slora_vtc.errors import UserError
 from slora_vtc.results import Response, RunResult
 from slora_vtc.server.clients import Clients, load_clients
-from slora_vtc.traces import TraceRecord, read_trace
+from slora_vtc.traces import read_trace
+from slora_vtc.workload import RequestSpec
 
 DUMMY_TOKEN = 3  # a byte token in Llama's vocabulary (and in the byte tokenizer's), never a special one
 REJECTED_STATUSES = (400, 429)
@@ -53,14 +54,14 @@ class _Outcome:
 
 def run_bench(config: BenchConfig) -> RunResult:
     config.check()
-    records = [r for r in read_trace(config.trace) if config.duration is None or r.req_time < config.duration]
+    records = [r for r in read_trace(config.trace) if config.duration is None or r.arrival < config.duration]
     if not records:
         raise UserError(f"{config.trace}: no request before --duration {config.duration}")
     clients = load_clients(config.clients_file)
     return asyncio.run(_replay(config, records, clients))
 
 
-async def _replay(config: BenchConfig, records: list[TraceRecord], clients: Clients) -> RunResult:
+async def _replay(config: BenchConfig, records: list[RequestSpec], clients: Clients) -> RunResult:
     url = config.url.rstrip("/")
     timeout = httpx2.Timeout(None, connect=config.connect_timeout_s)  # a queued request may wait long
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
@@ -69,7 +70,7 @@ async def _replay(config: BenchConfig, records: list[TraceRecord], clients: Clie
         start = time.perf_counter()
         outcomes = await asyncio.gather(*(_send(http, url, r, start, config.time_scale, _headers(r.client, clients)) for r in records))
         total = (time.perf_counter() - start) * config.time_scale
-    duration = config.duration or math.ceil(records[-1].req_time)
+    duration = config.duration or math.ceil(records[-1].arrival)
     run_config = {"workload": "http", "trace": config.trace, "url": url, "backend": "http", "time_scale": config.time_scale,
                   "duration": duration, **server}
     responses = tuple(_response(r, o, config.time_scale) for r, o in zip(records, outcomes))
@@ -97,8 +98,8 @@ def _headers(client: str, clients: Clients) -> dict[str, str]:
     return {"X-Client-Id": client}
 
 
-async def _send(http: httpx2.AsyncClient, url: str, rec: TraceRecord, start: float, scale: float, headers: dict) -> _Outcome:
-    await asyncio.sleep(max(0.0, start + rec.req_time / scale - time.perf_counter()))
+async def _send(http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: float, scale: float, headers: dict) -> _Outcome:
+    await asyncio.sleep(max(0.0, start + rec.arrival / scale - time.perf_counter()))
     body = {"inputs": [DUMMY_TOKEN] * rec.prompt_len,
             "parameters": {"max_new_tokens": rec.output_len, "ignore_eos": True, "do_sample": False}}
     sent = time.perf_counter()
@@ -132,9 +133,9 @@ def _event(line: str) -> dict | None:
         return None
 
 
-def _response(rec: TraceRecord, outcome: _Outcome, scale: float) -> Response:
+def _response(rec: RequestSpec, outcome: _Outcome, scale: float) -> Response:
     served = outcome.status == "finished"
     output_len = outcome.output_len if served and outcome.output_len is not None else rec.output_len
-    return Response(rec.client, rec.prompt_len, output_len, rec.req_time,
+    return Response(rec.client, rec.prompt_len, output_len, rec.arrival,
                     outcome.first_token_s * scale if served else -1.0, outcome.total_s * scale if served else -1.0,
                     outcome.status)

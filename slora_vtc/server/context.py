@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from slora_vtc.config import EngineConfig, ModelSpec
+from slora_vtc.config import EngineConfig
+from slora_vtc.model.spec import ModelSpec
 from slora_vtc.errors import UserError
 from slora_vtc.model.spec import is_folder, resolve_spec
 from slora_vtc.server.clients import Clients, load_clients, scheduler_for
@@ -72,12 +73,14 @@ def build_context(config: ServerConfig) -> ServerContext:
 
 
 def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler):
+    from slora_vtc.backends.registry import BackendSettings, build_backend
     from slora_vtc.clock import WallClock
     from slora_vtc.engine import Engine
     from slora_vtc.memory import MemoryManager, TokenPool
-    from slora_vtc.realrun import _real_backend  # picks the CPU thread count for small models
 
-    backend = _real_backend(config.backend, config.model, config.pool_tokens, config.lora_rank, config.device, config.dtype, config.seed)
+    settings = BackendSettings(pool_tokens=config.pool_tokens, lora_rank=config.lora_rank, model=config.model,
+                               device=config.device, dtype=config.dtype, seed=config.seed)
+    backend = build_backend(config.backend, settings)
     backend.warmup()
     memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.adapter_slots, on_load=backend.load_adapter)
     return Engine(engine_config, scheduler, backend, WallClock(), memory)

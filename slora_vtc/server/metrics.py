@@ -1,76 +1,15 @@
-"""GET /metrics: per-client and pool state in the Prometheus text format (prometheus_client).
+"""GET /metrics: render a Snapshot in the Prometheus text format (prometheus_client).
 
-The engine thread owns the numbers: a scrape asks it for a Snapshot between two steps, then
-renders that snapshot through a registry of its own (no process-wide default registry).
+The service takes the snapshot on the engine thread (EngineService.snapshot); this module only
+renders it, through a registry of its own (no process-wide default registry).
 """
-
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from slora_vtc.request import State
-
-if TYPE_CHECKING:
-    from slora_vtc.server.service import EngineService
+from slora_vtc.server.stats import Snapshot
 
 PREFIX = "slora"
-
-
-@dataclass
-class ClientStats:
-    """One client's requests and served tokens since the server started (engine thread only)."""
-
-    admitted: int = 0  # accepted by the scheduler at arrival
-    rejected: int = 0  # refused at arrival (rate limit, shutdown)
-    finished: int = 0
-    aborted: int = 0  # client disconnected, shutdown, model failure
-    input_tokens: int = 0  # prompts prefilled
-    output_tokens: int = 0  # tokens generated
-
-    def ended(self, state: State) -> None:
-        if state is State.FINISHED:
-            self.finished += 1
-        elif state is State.ABORTED:
-            self.aborted += 1
-        elif state is State.REJECTED:
-            self.rejected += 1
-
-    def served(self, input_tokens: int, output_tokens: int) -> None:
-        self.input_tokens += input_tokens
-        self.output_tokens += output_tokens
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    clients: dict[str, ClientStats]
-    counters: dict[str, float]  # VTC's virtual counters (empty for schedulers without one)
-    waiting: dict[str, int]
-    running: dict[str, int]
-    pool_size: int
-    pool_used: int
-    adapters_resident: int
-
-
-def take_snapshot(service: "EngineService") -> Snapshot:
-    """Run on the engine thread (EngineService.call)."""
-    engine = service.engine
-    scheduler = getattr(engine.scheduler, "inner", engine.scheduler)  # under a RateLimited wrapper
-    names = set(service.stats) | {r.client for r in engine.running}
-    counter = getattr(scheduler, "counter", None)
-    running: dict[str, int] = {}
-    for req in engine.running:
-        running[req.client] = running.get(req.client, 0) + 1
-    return Snapshot(
-        clients={name: replace(service.stats[name]) for name in names},
-        counters={name: counter(name) for name in names} if counter else {},
-        waiting=engine.scheduler.waiting_by_client(),
-        running=running,
-        pool_size=engine.memory.pool.size,
-        pool_used=engine.memory.pool.num_used,
-        adapters_resident=len(engine.memory.adapters),
-    )
 
 
 class _SnapshotCollector:

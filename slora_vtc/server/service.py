@@ -14,12 +14,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State
-from slora_vtc.server.metrics import ClientStats
+from slora_vtc.server.stats import ClientStats, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,15 @@ class EngineService:
         except ServiceStopped:
             pass  # the engine thread aborted everything on its way out
 
+    def snapshot(self) -> Future:
+        """Per-client stats with the engine's queues, counters and pool, taken between two steps."""
+        try:
+            return self.call(self._snapshot)
+        except ServiceStopped:  # no engine thread any more: nothing changes the numbers now
+            done: Future = Future()
+            done.set_result(self._snapshot())
+            return done
+
     def call(self, fn: Callable[[], object]) -> Future:
         """Run fn on the engine thread between two steps (to read engine state consistently)."""
         future: Future = Future()
@@ -205,6 +214,23 @@ class EngineService:
             future.set_result(fn())
         except Exception as e:
             future.set_exception(e)
+
+    def _snapshot(self) -> Snapshot:
+        engine = self.engine
+        names = set(self.stats) | {r.client for r in engine.running}
+        counters = engine.scheduler.counters()
+        running: dict[str, int] = {}
+        for req in engine.running:
+            running[req.client] = running.get(req.client, 0) + 1
+        return Snapshot(
+            clients={name: replace(self.stats[name]) for name in names},
+            counters={name: counters.get(name, 0.0) for name in names} if counters else {},
+            waiting=engine.scheduler.waiting_by_client(),
+            running=running,
+            pool_size=engine.memory.pool.size,
+            pool_used=engine.memory.pool.num_used,
+            adapters_resident=len(engine.memory.adapters),
+        )
 
     def _stop(self, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s

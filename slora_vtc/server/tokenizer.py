@@ -10,7 +10,7 @@ the special tokens. Decoding skips the specials and replaces invalid UTF-8.
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from slora_vtc.config import ModelSpec
+from slora_vtc.model.spec import ModelSpec
 from slora_vtc.errors import UserError
 from slora_vtc.hf_tokenizer import load_hf_tokenizer
 from slora_vtc.model.spec import is_folder

@@ -3,7 +3,7 @@
 Input records (JSON array, JSONL or parquet) in the public dataset layouts: either
 `{"model", "conversation": [{"role", "content"}, ...], "tstamp"}` (one model per record) or the
 arena's pairwise `{"model_a", "model_b", "conversation_a", "conversation_b", "tstamp"}` (each side
-is one request). Steps (DESIGN section 9): keep single-turn chats (one user message, one
+is one request). Steps (docs/design.md, "The trace pipeline"): keep single-turn chats (one user message, one
 assistant reply); the model name is the client; prompt and output lengths in tokens; drop
 requests with either length >= 1024; sample rate * duration requests at random (seeded); map
 their timestamps linearly onto [0, duration].
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from slora_vtc.errors import UserError
-from slora_vtc.traces.readers import TraceRecord
+from slora_vtc.workload import RequestSpec
 from slora_vtc.traces.tokenize import Counter
 
 MAX_LEN = 1024
@@ -99,7 +99,7 @@ def _single_turn(rec: dict, model: str, conversation, tstamp: float) -> Chat | N
     return Chat(str(model), user.get("content"), reply.get("content"), tstamp, rec.get("prompt_tokens"), rec.get("output_tokens"))
 
 
-def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, bos: int = 1, seed: int = 42) -> tuple[list[TraceRecord], BuildStats]:
+def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, bos: int = 1, seed: int = 42) -> tuple[list[RequestSpec], BuildStats]:
     if rate <= 0 or duration <= 0:
         raise UserError(f"--rate and --duration must be positive (got {rate}, {duration})")
     raw = load_raw(path)
@@ -114,7 +114,7 @@ def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, 
     chosen = sorted(rng.choice(len(kept), size=min(wanted, len(kept)), replace=False), key=lambda i: (kept[i][0].tstamp, i))
     start, end = kept[chosen[0]][0].tstamp, kept[chosen[-1]][0].tstamp
     scale = duration / (end - start) if end > start else 0.0
-    records = [TraceRecord(kept[i][0].model, kept[i][1], kept[i][2], (kept[i][0].tstamp - start) * scale) for i in chosen]
+    records = [RequestSpec(kept[i][0].model, kept[i][1], kept[i][2], (kept[i][0].tstamp - start) * scale) for i in chosen]
     stats = BuildStats(len(raw), len(single), len(single) - len(kept), len(records), len({r.client for r in records}))
     return records, stats
 

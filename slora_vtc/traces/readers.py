@@ -1,32 +1,24 @@
 """Trace files: one request per record with client, prompt_len, output_len, req_time.
 
-Formats: our JSONL (one object per line) or CSV (a header row), the paper's JSON
-(`{"requests": [...]}`, as in ../shared/data/lmsys_real_trace.json), and the artifact's pickle
-(through a restricted unpickler). Every problem is a UserError naming file, line and field.
+Formats: our JSONL (one object per line), CSV (a header row) or parquet, the paper's JSON
+(`{"requests": [...]}`, as in traces/lmsys_real_trace.json), and the artifact's pickle (through a
+restricted unpickler). Records become RequestSpecs (`req_time` is their `arrival`). Every problem
+is a UserError naming file, line and field.
 """
 
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slora_vtc.errors import UserError
 from slora_vtc.results import client_sort_key
-from slora_vtc.workloads import RequestSpec, Workload
+from slora_vtc.workload import RequestSpec, Workload
 
 FIELDS = ("client", "prompt_len", "output_len", "req_time")
 
 
-@dataclass(frozen=True)
-class TraceRecord:
-    client: str
-    prompt_len: int
-    output_len: int
-    req_time: float
-
-
-def read_trace(path: str | Path) -> list[TraceRecord]:
+def read_trace(path: str | Path) -> list[RequestSpec]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such trace file")
@@ -64,20 +56,20 @@ def _json_line(path: Path, lineno: int, line: str) -> dict:
         raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
 
 
-def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[TraceRecord]:
+def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[RequestSpec]:
     records = []
     for index, (lineno, row) in enumerate(rows):
         where = f"{path}:{lineno}" if lineno is not None else f"{path}: request {index}"
         record = _record(where, row)
-        if records and record.req_time < records[-1].req_time:
-            raise UserError(f"{where}: field 'req_time' goes back in time ({record.req_time} after {records[-1].req_time}); sort the trace by req_time")
+        if records and record.arrival < records[-1].arrival:
+            raise UserError(f"{where}: field 'req_time' goes back in time ({record.arrival} after {records[-1].arrival}); sort the trace by req_time")
         records.append(record)
     if not records:
         raise UserError(f"{path}: the trace has no requests")
     return records
 
 
-def _record(where: str, row) -> TraceRecord:
+def _record(where: str, row) -> RequestSpec:
     if not isinstance(row, dict):
         row = vars(row) if hasattr(row, "__dict__") else row
     if not isinstance(row, dict):
@@ -94,7 +86,7 @@ def _record(where: str, row) -> TraceRecord:
         raise UserError(f"{where}: field 'req_time' is not a number: {row['req_time']!r}") from None
     if not math.isfinite(req_time) or req_time < 0:
         raise UserError(f"{where}: field 'req_time' must be a finite time >= 0, got {req_time}")
-    return TraceRecord(str(row["client"]), prompt_len, output_len, req_time)
+    return RequestSpec(str(row["client"]), prompt_len, output_len, req_time)
 
 
 def _count(where: str, row: dict, name: str) -> int:
@@ -110,7 +102,7 @@ def _count(where: str, row: dict, name: str) -> int:
     return count
 
 
-def write_trace(records: list[TraceRecord], path: str | Path) -> None:
+def write_trace(records: list[RequestSpec], path: str | Path) -> None:
     """JSONL, or CSV when the file name ends in .csv."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,16 +110,18 @@ def write_trace(records: list[TraceRecord], path: str | Path) -> None:
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
-            writer.writerows(asdict(r) for r in records)
+            writer.writerows(_row(r) for r in records)
     else:
-        path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+        path.write_text("".join(json.dumps(_row(r)) + "\n" for r in records))
 
 
-def trace_workload(name: str, records: list[TraceRecord], duration: float | None = None) -> Workload:
+def _row(spec: RequestSpec) -> dict:
+    return {"client": spec.client, "prompt_len": spec.prompt_len, "output_len": spec.output_len, "req_time": spec.arrival}
+
+
+def trace_workload(name: str, records: list[RequestSpec], duration: float | None = None) -> Workload:
     """A replayable workload; with a duration, only requests sent before it are kept."""
-    span = records[-1].req_time if records else 0.0
+    span = records[-1].arrival if records else 0.0
     duration = span if duration is None else duration
-    kept = [r for r in records if r.req_time <= duration]
     clients = tuple(sorted({r.client for r in records}, key=client_sort_key))
-    specs = tuple(RequestSpec(r.client, r.prompt_len, r.output_len, r.req_time) for r in kept)
-    return Workload(name, clients, duration, specs)
+    return Workload(name, clients, duration, tuple(r for r in records if r.arrival <= duration))

@@ -9,13 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import shared_data
+from conftest import ARENA_FIXTURE, lmsys_trace
 from slora_vtc.errors import UserError
-from slora_vtc.traces import TraceRecord, read_trace, trace_workload, write_trace
+from slora_vtc.traces import read_trace, trace_workload, write_trace
+from slora_vtc.workload import RequestSpec
 from slora_vtc.traces.build import MAX_LEN, build_trace, chats, load_raw
 from slora_vtc.traces.tokenize import approx_count
 
-FIXTURE = Path(__file__).resolve().parent.parent / "traces" / "arena_fixture.jsonl"
+FIXTURE = ARENA_FIXTURE
 
 
 def words(n: int) -> str:
@@ -49,7 +50,7 @@ def test_fixture_pipeline_drops_multi_turn_and_over_long_and_counts_clients():
 
 def test_timestamps_are_rescaled_onto_the_duration_in_order():
     records, _ = build_trace(str(FIXTURE), rate=0.05, duration=300, count_tokens=approx_count)
-    times = [r.req_time for r in records]
+    times = [r.arrival for r in records]
     assert times[0] == 0.0 and times[-1] == pytest.approx(300.0)
     assert times == sorted(times)
 
@@ -68,7 +69,7 @@ def test_lengths_come_from_the_tokenizer_plus_bos_or_from_given_counts(tmp_path)
     ])
     records, stats = build_trace(str(raw), rate=1, duration=10, count_tokens=approx_count)
     assert stats.too_long == 1
-    assert records == [TraceRecord("a", 11, 20, 0.0), TraceRecord("b", 7, 9, 10.0)]
+    assert records == [RequestSpec("a", 11, 20, 0.0), RequestSpec("b", 7, 9, 10.0)]
 
 
 def test_parquet_input(tmp_path):
@@ -85,7 +86,7 @@ def test_record_without_timestamp_is_named(tmp_path):
 
 # -- readers --------------------------------------------------------------------------------
 
-RECORDS = [TraceRecord("a", 10, 5, 0.0), TraceRecord("b", 3, 7, 1.5)]
+RECORDS = [RequestSpec("a", 10, 5, 0.0), RequestSpec("b", 3, 7, 1.5)]
 
 
 @pytest.mark.parametrize("name", ["t.jsonl", "t.csv"])
@@ -95,7 +96,7 @@ def test_round_trip(tmp_path, name):
 
 
 def test_paper_trace_json():
-    records = read_trace(shared_data("lmsys_real_trace.json"))
+    records = read_trace(lmsys_trace())
     assert len(records) == 1500 and len({r.client for r in records}) == 27
     workload = trace_workload("real", records)
     assert workload.duration == 600.0 and len(workload.clients) == 27
@@ -146,7 +147,7 @@ def test_restricted_unpickler_reads_the_artifacts_records(tmp_path, artifact_mod
     path = tmp_path / "real_trace.pkl"
     reqs = [artifact_module.Request(0, "lora-0", 13, 199, 0.0), artifact_module.Request(1, "lora-2", 36, 137, 0.2)]
     path.write_bytes(pickle.dumps(reqs))
-    assert read_trace(path) == [TraceRecord("lora-0", 13, 199, 0.0), TraceRecord("lora-2", 36, 137, 0.2)]
+    assert read_trace(path) == [RequestSpec("lora-0", 13, 199, 0.0), RequestSpec("lora-2", 36, 137, 0.2)]
 
 
 class Exploit:

@@ -4,13 +4,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import req, shared_data
+from conftest import a10g_profile, req
 
 from slora_vtc import metrics
-from slora_vtc.backends.sim import SimBackend, StepTimeModel
+from slora_vtc.backends.sim import A10G_STEP_MODEL, SimBackend, StepTimeModel
 from slora_vtc.calibrate import replay
-from slora_vtc.data import A10G_PROFILE
-from slora_vtc.experiment import A10G_STEP_MODEL, Experiment, run_experiment
+from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.profile import load_profile
 from slora_vtc.results import read_results
 
@@ -28,7 +27,7 @@ def test_step_times_follow_the_model():
 
 
 def test_refit_on_the_shared_profile_reproduces_the_a10g_model():
-    fitted = StepTimeModel.fit(load_profile(shared_data(A10G_PROFILE)))
+    fitted = StepTimeModel.fit(load_profile(a10g_profile()))
     ours, theirs = dataclasses.asdict(fitted), dataclasses.asdict(A10G_STEP_MODEL)
     ours.pop("overhead_s"), theirs.pop("overhead_s")  # fitted separately, on a measured run
     assert ours.keys() == theirs.keys()
@@ -37,7 +36,7 @@ def test_refit_on_the_shared_profile_reproduces_the_a10g_model():
 
 
 def test_profile_residuals_are_small_on_average():
-    points = load_profile(shared_data(A10G_PROFILE))
+    points = load_profile(a10g_profile())
     res = A10G_STEP_MODEL.residuals(points)
     assert len(res) == len(points)
     for errors in ([p for _, p, _ in res], [d for _, _, d in res]):  # prefill, decode
@@ -54,7 +53,7 @@ def test_replaying_measured_runs_predicts_their_throughput(paper_results, measur
 
 @pytest.fixture(scope="module")
 def overload():
-    return {s: run_experiment(Experiment("overload", s)) for s in ("vtc", "fcfs")}
+    return {s: run_experiment(Experiment(suite="overload", scheduler=s)) for s in ("vtc", "fcfs")}
 
 
 def steady_rates(result):
@@ -86,7 +85,7 @@ def test_overload_throughput_is_the_measured_one(overload):
 
 
 def test_weighted_vtc_serves_in_proportion_to_the_weights():
-    result = run_experiment(Experiment("overload_weighted", "wvtc:1,2,3,4"))
+    result = run_experiment(Experiment(suite="overload_weighted", scheduler="wvtc:1,2,3,4"))
     acc = metrics.accumulated_service(result, [360.0])
     shares = [acc[f"client{i}"][0] / acc["client0"][0] for i in range(4)]
     assert shares == pytest.approx([1, 2, 3, 4], rel=0.05)

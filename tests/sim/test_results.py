@@ -3,9 +3,8 @@
 import json
 
 import pytest
-from conftest import make_engine, req, result_of, shared_data
+from conftest import a10g_profile, make_engine, req, result_of
 
-from slora_vtc.data import A10G_PROFILE
 from slora_vtc.errors import UserError
 from slora_vtc.profile import ProfilePoint, load_profile, save_profile
 from slora_vtc.results import RunResult, read_results, write_results
@@ -100,7 +99,7 @@ def test_missing_or_binary_result_file(tmp_path):
 
 # -- cost profiles ---------------------------------------------------------------------------
 def test_shared_profile_loads():
-    points = load_profile(shared_data(A10G_PROFILE))
+    points = load_profile(a10g_profile())
     assert len(points) >= 3
     assert all(p.batch_size > 0 and p.prefill_s > 0 and p.decode_s >= 0 for p in points)
 

@@ -4,19 +4,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shared_data
+from conftest import ARENA_FIXTURE, lmsys_trace
 from slora_vtc import metrics
 from slora_vtc.cli import main
 from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.results import read_results
 
-FIXTURE = str(Path(__file__).resolve().parent.parent / "traces" / "arena_fixture.jsonl")
+FIXTURE = str(ARENA_FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def real():
-    shared_data("lmsys_real_trace.json")
-    return {s: run_experiment(Experiment("real", s)) for s in ("vtc", "fcfs", "lcf", "rpm:5")}
+    lmsys_trace()
+    return {s: run_experiment(Experiment(suite="real", scheduler=s)) for s in ("vtc", "fcfs", "lcf", "rpm:5")}
 
 
 def test_rpm5_rejects_requests_and_loses_throughput(real):

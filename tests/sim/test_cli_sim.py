@@ -10,9 +10,9 @@ import pytest
 from slora_vtc.cli import main
 from slora_vtc.results import read_results
 from slora_vtc.sched import SCHEDULERS
-from slora_vtc.workloads import SUITES
+from slora_vtc.suites import SUITES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys, *argv):

@@ -6,14 +6,13 @@ from conftest import FixedBackend, assert_clean, make_engine, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slora_vtc.backends.sim import SimBackend
+from slora_vtc.backends.sim import A10G_STEP_MODEL, SimBackend
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
-from slora_vtc.experiment import A10G_STEP_MODEL
 from slora_vtc.memory import MemoryManager, PoolExhausted, TokenPool
 from slora_vtc.sched import build_scheduler
-from slora_vtc.workloads import get_suite
+from slora_vtc.suites import get_suite
 
 
 def test_alloc_and_free_restore_the_pool():

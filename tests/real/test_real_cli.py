@@ -12,7 +12,7 @@ from llama_util import save_hf_llama
 from slora_vtc.cli import main
 from slora_vtc.profile import load_profile
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys, *argv):

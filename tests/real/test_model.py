@@ -7,7 +7,7 @@ import torch
 from llama_util import TINY_HF, real_engine, record_logits, request, save_hf_llama, tiny_backend
 from safetensors.torch import load_file, save_file
 
-from slora_vtc.config import MODEL_SPECS, get_model_spec
+from slora_vtc.model.spec import MODEL_SPECS, get_model_spec
 from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Decode, Llama, Prefill
 from slora_vtc.model.ops import load_ops

@@ -7,7 +7,7 @@ import torch
 from llama_util import real_engine, record_logits, request, tiny_backend
 
 from slora_vtc.backends.llama import LlamaBackend
-from slora_vtc.config import get_model_spec
+from slora_vtc.model.spec import get_model_spec
 from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Llama
 from slora_vtc.model.lora import LoraWeights, adapter_slots, dummy_adapter, projection_dims, write_adapter

@@ -7,7 +7,7 @@ import pytest
 
 from slora_vtc.errors import UserError
 from slora_vtc.results import read_results
-from slora_vtc.workloads import SUITES, get_suite
+from slora_vtc.suites import SUITES, get_suite
 
 
 def per_client(specs, field="arrival"):

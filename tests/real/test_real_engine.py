@@ -62,8 +62,8 @@ def test_adapter_slots_count_in_admission():
     assert a.first_token_time == b.first_token_time
     a, b = served(["x", "y"])  # 2 * 80 + 2 * 32 > 200: b waits until a has made room
     assert b.first_token_time > a.first_token_time
-    assert Experiment("overload", "vtc", backend="torch", adapter_rank=8).engine_config().adapter_slots == 64
-    assert Experiment("overload", "vtc").engine_config().adapter_slots == 32  # the simulator's default is unchanged
+    assert Experiment(suite="overload", scheduler="vtc", backend="torch", adapter_rank=8).engine_config().adapter_slots == 64
+    assert Experiment(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32  # the simulator's default is unchanged
 
 
 def test_a_request_that_fails_in_the_model_is_aborted_and_the_rest_served():

@@ -1,0 +1,42 @@
+"""What a workload is: requests to send (client, lengths, arrival time), independent of where they
+came from (a seeded suite, a trace file, a measured result file)."""
+
+from dataclasses import dataclass
+
+from slora_vtc.request import Request
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload. In trace and result files `arrival` is the field `req_time`."""
+
+    client: str
+    prompt_len: int
+    output_len: int
+    arrival: float
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    clients: tuple[str, ...]
+    duration: float
+    specs: tuple[RequestSpec, ...]
+
+    def requests(self) -> list[Request]:
+        """Fresh Request objects in arrival order (each client has its own LoRA adapter, as in the paper)."""
+        return [
+            Request(s.client, s.prompt_len, s.output_len, s.arrival, rid=i, adapter=s.client)
+            for i, s in enumerate(sorted(self.specs, key=lambda s: s.arrival))
+        ]
+
+
+def client_names(n: int) -> tuple[str, ...]:
+    return tuple(f"client{i}" for i in range(n))
+
+
+def workload_from_result(name: str, result) -> Workload:
+    """The requests a result file records, replayable: client, lengths and send times."""
+    specs = tuple(RequestSpec(r.client, r.prompt_len, r.output_len, r.req_time) for r in result.responses)
+    duration = float(result.config.get("duration", max((s.arrival for s in specs), default=0.0)))
+    return Workload(name, tuple(result.clients), duration, specs)
