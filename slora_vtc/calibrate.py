@@ -8,11 +8,16 @@ it against other measured runs.
 
 from dataclasses import dataclass, replace
 
+from pathlib import Path
+
 from slora_vtc import metrics
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
 from slora_vtc.config import EngineConfig
+from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
+from slora_vtc.errors import UserError
 from slora_vtc.experiment import serve_requests
-from slora_vtc.results import RunResult
+from slora_vtc.profile import load_profile
+from slora_vtc.results import RunResult, read_results
 from slora_vtc.sched import build_scheduler
 from slora_vtc.workload import workload_from_result
 
@@ -50,9 +55,14 @@ def fit_overhead(model: StepTimeModel, measured: RunResult, scheduler: str, tole
     return round((lo + hi) / 2, 4)
 
 
-def _guess_scheduler(path: str) -> str:
-    from pathlib import Path
+def _first_run(path: str) -> RunResult:
+    runs = read_results(path)
+    if not runs:
+        raise UserError(f"{path}: no run in this result file (it is empty)")
+    return runs[0]
 
+
+def _guess_scheduler(path: str) -> str:
     stem = Path(path).stem.split("_")[0]
     return stem if stem in ("vtc", "fcfs", "lcf") else "vtc"
 
@@ -60,10 +70,6 @@ def _guess_scheduler(path: str) -> str:
 def calibration_report(profile: str | None, measured: list[str], schedulers: list[str]) -> str:
     """Fit, residuals, the overhead fitted on the first measured run, and every replay's error."""
     import pandas as pd
-
-    from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
-    from slora_vtc.profile import load_profile
-    from slora_vtc.results import read_results
 
     profile = profile or data_file(A10G_PROFILE)
     if not measured:
@@ -74,13 +80,13 @@ def calibration_report(profile: str | None, measured: list[str], schedulers: lis
     model = StepTimeModel.fit(points)
     lines = [f"profile: {profile}", "forward-pass model (seconds):",
              f"  prefill = {model.prefill_coef[0]:.5f} + {model.prefill_coef[1]:.3e} * requests + {model.prefill_coef[2]:.3e} * prompt_tokens",
-             f"  decode  = {model.decode_coef[0]:.5f} + {model.decode_coef[1]:.3e} * requests + {model.decode_coef[2]:.3e} * context_tokens"]
+             f"  decode  = {model.decode_coef[0]:.5f} + {model.decode_coef[1]:.3e} * max(0, requests - {model.decode_knee}) + {model.decode_coef[2]:.3e} * context_tokens"]
     table = pd.DataFrame([{"input": p.input_len, "output": p.output_len, "batch": p.batch_size,
                            "prefill_err_%": 100 * e_p, "decode_err_%": 100 * e_d} for p, e_p, e_d in model.residuals(points)])
     lines += ["relative residuals per profile point:", table.to_string(index=False, float_format="%.1f"),
               f"rms: prefill {(table['prefill_err_%'] ** 2).mean() ** 0.5:.1f}%, decode {(table['decode_err_%'] ** 2).mean() ** 0.5:.1f}%"]
     if measured:
-        runs = [read_results(m)[0] for m in measured]
+        runs = [_first_run(m) for m in measured]
         overhead = fit_overhead(model, runs[0], schedulers[0])
         model = replace(model, overhead_s=overhead)
         lines.append(f"serving overhead per forward pass, fitted on {measured[0]}: {overhead * 1000:.1f} ms")

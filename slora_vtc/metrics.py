@@ -1,9 +1,10 @@
-"""Fairness and performance metrics, computed as the artifact did (DESIGN section 7).
+"""Fairness and performance metrics, computed as the artifact did (docs/design.md, "Metrics").
 
 A request's service (cost h of its prompt and output) is spread uniformly over [first token,
 finish]. Figures, tables, the CLI and the tests all use these functions.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ from slora_vtc.results import RunResult
 
 WINDOW_S = 60.0
 WARMUP_S = 30.0
-TABLE_TICKS = 20
+TABLE_WINDOWS = 20  # the artifact cuts (horizon - warm-up) into 20 parts and starts a window at each inner cut
 
 
 def _served(result: RunResult) -> np.ndarray:
@@ -78,27 +79,52 @@ class FairnessSummary:
     var: float
 
 
-def fairness_summary(result: RunResult, duration: float, cost: CostFunction = LinearCost()) -> FairnessSummary:
-    """Max / avg / variance over ticks of sum_i min(max_j s_j - s_i, |offered_i - s_i|).
+def table_windows(horizon: float) -> np.ndarray:
+    """Starts of the fairness table's 60 s windows: (horizon - 30) / 20 * i for i = 1..19."""
+    return (horizon - WARMUP_S) / TABLE_WINDOWS * np.arange(1, TABLE_WINDOWS)
 
-    s_i: client i's service rate in [t, t + 60]; offered_i: the service its requests sent in that
-    window asked for. Ticks every (duration - 30) / 20 s after a 30 s warm-up. A client that got
-    less because it asked for less is not counted as treated unfairly.
+
+def fairness_summary(result: RunResult, horizon: float, cost: CostFunction = LinearCost(),
+                     weights: Mapping[str, float] | None = None, offered_cost: CostFunction | None = None) -> FairnessSummary:
+    """The paper's fairness table: max / avg / variance over windows of sum_i min(max_j s_j - s_i, |o_i - s_i|).
+
+    Exactly as the artifact's plot_revision.py computes it: requests that were never served are
+    dropped first (so a rejected request counts as never asked for); the windows are
+    [x, x + 60] for x in `table_windows(horizon)`; s_i is client i's service received in the
+    window per second (each request's service spread over [first token, finish]); o_i the service
+    its requests sent in the window asked for (`offered_cost`, default `cost`; the artifact priced
+    it linearly even for the profiled cost). With `weights`, s_i and o_i are divided by w_i.
     """
-    ticks = WARMUP_S + np.arange(TABLE_TICKS) * (duration - WARMUP_S) / TABLE_TICKS
-    lo = accumulated_service(result, ticks, cost)
-    hi = accumulated_service(result, ticks + WINDOW_S, cost)
-    received = np.array([(hi[c] - lo[c]) / WINDOW_S for c in result.clients])
-    offered = np.array([_offered(result, c, ticks, cost) for c in result.clients])
+    served = _served(result)
+    clients = [c for c in result.clients if (served & (result.array("client") == c)).any()]
+    starts = table_windows(horizon)
+    received = np.array([_window_service(result, served, c, starts, cost) for c in clients])
+    offered = np.array([_window_offered(result, served, c, starts, offered_cost or cost) for c in clients])
+    if weights:
+        scale = np.array([weights.get(c, 1.0) for c in clients])[:, None]
+        received, offered = received / scale, offered / scale
+    if not clients:
+        return FairnessSummary(0.0, 0.0, 0.0)
     gap = np.minimum(received.max(axis=0)[None, :] - received, np.abs(offered - received)).sum(axis=0)
     return FairnessSummary(float(gap.max()), float(gap.mean()), float(gap.var()))
 
 
-def _offered(result: RunResult, client: str, ticks: np.ndarray, cost: CostFunction) -> np.ndarray:
-    mine = result.array("client") == client
+def _window_service(result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction) -> np.ndarray:
+    mine = served & (result.array("client") == client)
+    sent = result.array("req_time")[mine]
+    begin, end = sent + result.array("first_token_latency")[mine], sent + result.array("request_latency")[mine]
+    counted = (end >= 1) & (end - begin >= 1e-5)  # the artifact skips these
+    begin, end = begin[counted], end[counted]
+    service = cost(result.array("prompt_len")[mine][counted], result.array("output_len")[mine][counted])
+    overlap = np.maximum(np.minimum(starts[:, None] + WINDOW_S, end[None, :]) - np.maximum(starts[:, None], begin[None, :]), 0.0)
+    return overlap / (end - begin)[None, :] @ service / WINDOW_S
+
+
+def _window_offered(result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction) -> np.ndarray:
+    mine = served & (result.array("client") == client)
     sent = result.array("req_time")[mine]
     asked = cost(result.array("prompt_len")[mine], result.array("output_len")[mine])
-    inside = (sent[None, :] >= ticks[:, None]) & (sent[None, :] < ticks[:, None] + WINDOW_S)
+    inside = (sent[None, :] >= starts[:, None]) & (sent[None, :] <= starts[:, None] + WINDOW_S)
     return inside @ asked / WINDOW_S
 
 

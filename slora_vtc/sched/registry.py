@@ -81,6 +81,38 @@ SCHEDULERS: dict[str, Entry] = {
 }
 
 
+def scheduler_weights(spec: str, clients: list[str]) -> dict[str, float] | None:
+    """The per-client weights a `wvtc:W1,W2,...` spec gives (None for an unweighted scheduler)."""
+    name, _, arg = spec.partition(":")
+    return _weights(spec, arg, clients) if name == "wvtc" else None
+
+
+def register_scheduler(name: str, entry: Entry) -> Entry:
+    """Add a scheduler (from a plugin, see docs/extending.md); a name that is taken is an error."""
+    if name in SCHEDULERS:
+        raise UserError(f"scheduler '{name}' is already registered")
+    if ":" in name or "," in name or not name:
+        raise UserError(f"scheduler name '{name}' must be non-empty, without ':' or ','")
+    SCHEDULERS[name] = entry
+    return entry
+
+
+def split_specs(texts: list[str]) -> list[str]:
+    """Scheduler specs from `--schedulers vtc fcfs wvtc:1,2,3,4` or `vtc,fcfs,rpm:30`.
+
+    A comma separates two specs only where the next piece starts a scheduler name; otherwise it
+    belongs to the argument before it (`wvtc:1,2,3,4`, `vtc,wvtc:1,2`).
+    """
+    specs: list[str] = []
+    for text in texts:
+        for piece in text.split(","):
+            if specs and specs[-1].partition(":")[1] and piece.partition(":")[0] not in SCHEDULERS:
+                specs[-1] += "," + piece
+            elif piece:
+                specs.append(piece)
+    return specs
+
+
 def build_scheduler(spec: str, clients: list[str], options: SchedulerOptions = SchedulerOptions()) -> Scheduler:
     """Build a scheduler from `name` or `name:ARG`; raise UserError naming what is wrong."""
     name, sep, arg = spec.partition(":")

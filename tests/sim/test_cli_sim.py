@@ -67,12 +67,19 @@ def test_run_writes_a_result_file(capsys, tmp_path):
     assert result.clients == ["client0", "client1"]
 
 
+def table_rows(out: str) -> list[list[str]]:
+    """The summary table's rows (after its header line), as words."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["scheduler"])
+    end = next(i for i, line in enumerate(lines) if line.startswith("diff:"))
+    return [line.split() for line in lines[start + 1:end]]
+
+
 def test_compare_prints_a_row_per_scheduler(capsys):
     code, out, _ = run_cli(capsys, "compare", "--suite", "overload", "--schedulers", "vtc,fcfs,rpm:30", "--duration", "60")
     assert code == 0
-    header, *rows = out.strip().splitlines()
-    assert "scheduler" in header and "throughput" in header
-    assert [row.split()[0] for row in rows] == ["vtc", "fcfs", "rpm:30"]
+    assert "overload, arrivals over 60 s" in out and "tok/s" in out and "time to first token" in out
+    assert [row[0] for row in table_rows(out)] == ["vtc", "fcfs", "rpm:30"]
 
 
 def test_list_names_every_suite_and_scheduler(capsys):
@@ -98,12 +105,12 @@ def test_python_dash_m_bad_suite():
 
 
 def test_missing_real_engine_package_is_a_one_line_error(capsys, monkeypatch):
-    import slora_vtc.cli as cli
+    import slora_vtc.cli.experiments as experiments
 
     def without_torch(args):
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
-    monkeypatch.setattr(cli, "cmd_run", without_torch)
+    monkeypatch.setattr(experiments, "cmd_run", without_torch)
     code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "torch is missing" in err and "requirements-real.txt" in err

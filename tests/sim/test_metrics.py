@@ -1,4 +1,4 @@
-"""Metrics (DESIGN section 7) on tiny hand-made results."""
+"""Metrics (docs/design.md, "Metrics") on tiny hand-made results and on the artifact's own outputs."""
 
 import numpy as np
 import pytest
@@ -56,14 +56,41 @@ def test_fairness_summary_of_identical_clients_is_zero():
     assert (fair.max, fair.avg, fair.var) == pytest.approx((0, 0, 0))
 
 
-def test_fairness_summary_counts_only_unmet_demand():
-    # a: 120 of service over [30, 90]; b asked the same at t=30 and was rejected.
-    # tick 30 (window [30, 90]): a got 2/s, b 0 while offering 2/s -> gap 2; later ticks: 0
-    rows = [("a", 60, 30, 30.0, 0.0, 60.0), ("b", 60, 30, 30.0, -1.0, -1.0, "rejected")]
+def test_fairness_summary_windows_and_unmet_demand_worked_by_hand():
+    # horizon 600: windows [x, x + 60] for x = 28.5 i, i = 1..19.
+    # a: 120 service over [30, 90] (2/s); b: 120 over [130, 160] (4/s); both sent at t = 30.
+    # [28.5, 88.5]: a 58.5 * 2 / 60 = 1.95, b 0; both offered 2 -> gaps 0 + min(1.95, 2) = 1.95
+    # [57, 117]: a 1.1, b 0, nothing offered -> 0 + min(1.1, 0) = 0
+    # [85.5, 145.5]: a 4.5 * 2 / 60 = 0.15, b 15.5 * 4 / 60 -> min(b - a, 0.15) + 0 = 0.15
+    # later windows: 0. A rejected request counts as never asked for (the artifact drops it).
+    rows = [("a", 60, 30, 30.0, 0.0, 60.0), ("b", 60, 30, 30.0, 100.0, 130.0),
+            ("b", 500, 500, 30.0, -1.0, -1.0, "rejected"), ("c", 60, 30, 30.0, -1.0, -1.0, "rejected")]
     fair = metrics.fairness_summary(result_of(rows, 600.0), 600)
-    assert fair.max == pytest.approx(2.0)
-    assert fair.avg == pytest.approx(2.0 / 20)
-    assert fair.var == pytest.approx(4.0 / 20 - 0.1**2)
+    gaps = np.array([1.95, 0, 0.15] + [0] * 16)
+    assert (fair.max, fair.avg, fair.var) == pytest.approx((gaps.max(), gaps.mean(), gaps.var()))
+
+
+def test_fairness_summary_with_weights_compares_service_per_weight():
+    # a gets 400 of service over [0, 600], b 200: unfair unweighted, exactly fair with weights 2 : 1
+    rows = [("a", 200, 100, 0.0, 0.0, 600.0), ("b", 100, 50, 0.0, 0.0, 600.0)]
+    plain = metrics.fairness_summary(result_of(rows, 600.0), 600)
+    weighted = metrics.fairness_summary(result_of(rows, 600.0), 600, weights={"a": 2.0, "b": 1.0})
+    assert plain.avg > 0.3 and weighted.max == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("measured, cost, expected", [
+    # what the artifact's own plot_revision.py / plot_revision_profile.py print for these files
+    ("vtc_overload.jsonl", "linear", (192.88, 103.77, 6981.24)),
+    ("fcfs_overload.jsonl", "profile", (323.18, 317.13, 15.98)),
+])
+def test_fairness_summary_equals_the_artifacts_own_tables(paper_results, measured, cost, expected):
+    from slora_vtc.cost import LinearCost
+    from slora_vtc.results import read_results
+
+    run = read_results(paper_results(measured))[0]
+    h = ProfiledCost() if cost == "profile" else LinearCost()
+    fair = metrics.fairness_summary(run, 600, h, offered_cost=LinearCost())  # the artifact prices demand linearly
+    assert (round(fair.max, 2), round(fair.avg, 2), round(fair.var, 2)) == expected
 
 
 def test_fairness_summary_ignores_a_client_that_asked_for_less():

@@ -1,0 +1,65 @@
+"""`slora-vtc`: run | compare | replay | figures | docs | list | calibrate | trace | generate | profile | serve | bench-http.
+
+Each command group lives in its own module with an `add_parsers(sub)`; `main` turns every
+UserError into one line on stderr and exit status 2.
+"""
+
+import argparse
+import os
+import sys
+
+from slora_vtc.cli import calibrate, experiments, figures, real, serving, traces
+from slora_vtc.cli.plugins import PLUGINS_ENV, load_plugins
+from slora_vtc.errors import UserError
+
+COMMAND_GROUPS = (experiments, figures, traces, calibrate, real, serving)
+
+# what requirements-real.txt adds to the simulator's requirements
+REAL_ENGINE_PACKAGES = {"torch", "triton", "transformers", "safetensors", "fastapi", "uvicorn", "prometheus_client", "openai", "httpx2"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slora-vtc", description=__doc__.splitlines()[0])
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help=f"import a plugin that registers schedulers, backends, suites or figures (repeatable; also ${PLUGINS_ENV})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+def _plugin_args(argv: list[str]) -> list[str]:
+    """--plugin values given before the command, read before the parser exists (plugins add choices)."""
+    found, it = [], iter(argv)
+    for arg in it:
+        if arg == "--plugin":
+            found.append(next(it, ""))
+        elif arg.startswith("--plugin="):
+            found.append(arg.partition("=")[2])
+        elif not arg.startswith("-"):
+            break  # the command: later --plugin flags are errors for argparse to report
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        load_plugins(_plugin_args(argv))
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UserError as e:
+        print(f"slora-vtc: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if e.name not in REAL_ENGINE_PACKAGES:
+            raise
+        print(f"slora-vtc: error: this command needs the real-engine packages ({e.name} is missing): "
+              "pip install -r requirements-real.txt, or `make test`, which installs them into .venv", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # the reader went away (`slora-vtc list | head -2`): not an error; keep Python quiet at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("slora-vtc: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,173 @@
+"""`run`, `compare`, `replay` and `list`: experiments on the simulator or a real backend."""
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from slora_vtc.backends.registry import BACKENDS
+from slora_vtc.cli.report import summary_table
+from slora_vtc.errors import UserError
+from slora_vtc.experiment import COSTS, Experiment, run_experiment
+from slora_vtc.memory import fits_alone
+from slora_vtc.results import RunResult, write_results
+from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler, split_specs
+from slora_vtc.suites import SUITES, get_suite
+
+
+def scheduler_help() -> str:
+    return " | ".join(f"{n}:{e.arg}" if e.arg else n for n, e in SCHEDULERS.items())
+
+
+def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
+    if suite:
+        p.add_argument("--suite", required=True, help="workload suite (see `slora-vtc list`)")
+        p.add_argument("--trace", help="trace file for a trace suite (`real`; default: the paper's LMSYS trace in traces/)")
+    p.add_argument("--backend", default="sim", choices=list(BACKENDS))
+    p.add_argument("--pool-tokens", type=int, help="memory pool size in tokens (default: the suite's)")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (default: the suite's)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h")
+    p.add_argument("--profile", help="cost-profile JSON to calibrate the simulator (and the profiled cost) with")
+    p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
+    p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
+    p.add_argument("--adapters", type=int, help="LoRA adapters the clients share, client i using adapter i mod N (default: one per client; 0: none)")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of every LoRA adapter (default 8)")
+    real = p.add_argument_group("real backends (torch, triton)")
+    add_model_args(real)
+    real.add_argument("--time-scale", type=float, default=1.0, help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)")
+
+
+def add_model_args(p, backend: bool = False) -> None:
+    if backend:
+        p.add_argument("--backend", default="torch", choices=[b for b, e in BACKENDS.items() if e.runs_model])
+    p.add_argument("--model", help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: the backend's)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cpu for torch, cuda for triton)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU")
+
+
+def experiment(args, scheduler: str) -> Experiment:
+    exp = Experiment(
+        suite=args.suite, scheduler=scheduler, pool_tokens=args.pool_tokens, duration=args.duration, seed=args.seed,
+        cost=args.cost, lift=args.lift, extra_charge_at_finish=args.extra_charge_at_finish, profile=args.profile,
+        backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
+        time_scale=args.time_scale, device=args.device, dtype=args.dtype,
+    )
+    check(exp)
+    return exp
+
+
+def check(exp: Experiment) -> None:
+    """Fail early, in one line, on input that could only fail deep inside a run."""
+    get_suite(exp.suite)
+    if exp.pool_tokens is not None and exp.pool_tokens <= 0:
+        raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
+    _check_real_options(exp)
+    workload = exp.workload()
+    build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    requests, config = exp.requests(workload), exp.engine_config()
+    if requests and not any(fits_alone(r, config) for r in requests):
+        smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
+        raise UserError(f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+
+
+def _check_real_options(exp: Experiment) -> None:
+    if not exp.real_backend and (exp.model or exp.device or exp.dtype or exp.time_scale != 1.0):
+        raise UserError("--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)")
+    if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank < 0:
+        raise UserError("--adapters and --adapter-rank must not be negative")
+    if exp.time_scale <= 0:
+        raise UserError(f"--time-scale must be positive, got {exp.time_scale}")
+    config = exp.engine_config()  # on a real backend this reads the model spec: a bad --model fails here
+    if exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
+        raise UserError(f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens")
+
+
+def result_name(exp: Experiment) -> str:
+    """A result file name that says what differs from the defaults, so that runs do not collide."""
+    defaults = {f.name: f.default for f in fields(Experiment) if f.name not in ("suite", "scheduler")}
+    workload = f"replay-{Path(exp.trace).stem}" if exp.trace else exp.suite
+    parts = [workload, exp.scheduler.replace(":", "-").replace(",", "_")]
+    for name, default in defaults.items():
+        value = getattr(exp, name)
+        if value == default or name == "trace":
+            continue
+        if name == "profile":
+            value = Path(value).stem
+        parts.append(name.replace("_", "-") if value is True else f"{name.replace('_', '-')}-{value}".replace("/", "_"))
+    return "_".join(parts) + ".jsonl"
+
+
+def report(results: list[RunResult], out: Path | None) -> int:
+    """Print the summary; write the result file (one line per run) when `out` is given."""
+    print(summary_table(results))
+    if out is not None:
+        write_results(out, results)
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    exp = experiment(args, args.scheduler)
+    result = run_experiment(exp, progress=True)
+    return report([result], Path(args.out) if args.out else Path("results") / result_name(exp))
+
+
+def cmd_replay(args) -> int:
+    path = Path(args.trace_file)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; replay takes a trace file (JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl)")
+    args.suite, args.trace = "real", args.trace_file
+    return cmd_run(args)
+
+
+def cmd_compare(args) -> int:
+    schedulers = split_specs(args.schedulers)
+    if not schedulers:
+        raise UserError("--schedulers needs at least one scheduler")
+    experiments = [experiment(args, s) for s in schedulers]
+    results = [run_experiment(exp, progress=True) for exp in experiments]
+    return report(results, Path(args.out) if args.out else None)
+
+
+def cmd_list(args) -> int:
+    from slora_vtc.figures import FIGURES
+
+    print("suites:")
+    for s in SUITES.values():
+        print(f"  {s.name:22s} Fig {s.figure:3s} {s.description} ({s.duration:.0f} s, pool {s.pool_tokens})")
+    print("schedulers:")
+    for name, entry in SCHEDULERS.items():
+        spec = f"{name}:{entry.arg}" if entry.arg else name
+        print(f"  {spec:22s} {entry.help}")
+    print("backends:")
+    for name, entry in BACKENDS.items():
+        print(f"  {name:22s} {entry.help}")
+    print("figures:")
+    for f in FIGURES.values():
+        print(f"  {f.name:22s} Fig {f.paper_figure:6s} {f.title}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    run = sub.add_parser("run", help="run one experiment and write its result file")
+    add_experiment_args(run)
+    run.add_argument("--scheduler", required=True, help=scheduler_help())
+    run.add_argument("--out", help="result file (default: results/ and a name built from the settings)")
+    run.set_defaults(func=cmd_run)
+
+    compare = sub.add_parser("compare", help="run several schedulers on one suite and print a table")
+    add_experiment_args(compare)
+    compare.add_argument("--schedulers", required=True, nargs="+", metavar="SPEC",
+                         help="scheduler specs separated by spaces (vtc fcfs wvtc:1,2,3,4), or by commas where no spec has one (vtc,fcfs,lcf)")
+    compare.add_argument("--out", help="also write the runs to this result file (one line per scheduler)")
+    compare.set_defaults(func=cmd_compare)
+
+    replay = sub.add_parser("replay", help="replay a trace file (JSONL / CSV / parquet / the paper's JSON / the artifact's .pkl)")
+    replay.add_argument("trace_file", help="the trace to replay")
+    add_experiment_args(replay, suite=False)
+    replay.add_argument("--scheduler", required=True, help="scheduler spec, as for `run`")
+    replay.add_argument("--out", help="result file (default: results/replay-TRACE_SCHEDULER....jsonl)")
+    replay.set_defaults(func=cmd_replay)
+
+    lst = sub.add_parser("list", help="name every suite, scheduler, backend and figure")
+    lst.set_defaults(func=cmd_list)

@@ -1,0 +1,49 @@
+"""`serve` (the real engine over HTTP) and `bench-http` (replay a trace against a server)."""
+
+from pathlib import Path
+
+from slora_vtc.backends.registry import get_backend
+from slora_vtc.cli.experiments import add_model_args, report
+
+
+def cmd_serve(args) -> int:
+    from slora_vtc.server.context import ServerConfig
+    from slora_vtc.server.run import serve
+
+    model = args.model or get_backend(args.backend).default_model
+    serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
+                       pool_tokens=args.pool_tokens, lora_rank=args.lora_rank, backend=args.backend, device=args.device,
+                       dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout))
+    return 0
+
+
+def cmd_bench_http(args) -> int:
+    from slora_vtc.server.bench import BenchConfig, run_bench
+
+    result = run_bench(BenchConfig(args.trace_file, args.url, time_scale=args.time_scale, duration=args.duration,
+                                   clients_file=args.clients))
+    return report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
+
+
+def add_parsers(sub) -> None:
+    srv = sub.add_parser("serve", help="serve the real model over HTTP (OpenAI API, S-LoRA's /generate) with a fair scheduler")
+    add_model_args(srv, backend=True)
+    srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
+    srv.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, LoRA adapters")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--pool-tokens", type=int, default=10_000, help="memory pool size in tokens (default 10000)")
+    srv.add_argument("--lora-rank", type=int, default=8, help="rank of the clients' LoRA adapters (default 8; 0: no LoRA)")
+    srv.add_argument("--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)")
+    srv.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them")
+    srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
+    srv.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench-http", help="replay a trace against a server over HTTP; writes a result file")
+    bench.add_argument("trace_file", help="the trace to replay (JSONL / CSV / the paper's JSON / the artifact's .pkl)")
+    bench.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    bench.add_argument("--out", help="result file (default: results/http_TRACE.jsonl)")
+    bench.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per wall-clock second (e.g. 10: a 600 s trace in 60 s)")
+    bench.add_argument("--duration", type=float, help="replay only the requests sent before this trace time (s)")
+    bench.add_argument("--clients", help="clients file: send each client's API key instead of X-Client-Id")
+    bench.set_defaults(func=cmd_bench_http)

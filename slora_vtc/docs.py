@@ -1,0 +1,112 @@
+"""The numbers the documentation quotes, refreshed from the files the code writes.
+
+A document quotes a number between markers naming where it comes from:
+
+    <!--n:fig:overload/vtc/throughput_tok_s-->893.8<!--/n-->
+    <!--n:bench:sim/overload vtc/requests_per_s|,.0f-->2,753<!--/n-->
+
+`SOURCE:PATH[|FORMAT]`: SOURCE is one of SOURCES (a JSON file), PATH walks its keys (separated by
+`/`), FORMAT is a Python format spec (default: the value as the JSON holds it). A generated
+markdown fragment is included whole between block markers:
+
+    <!--include:figures/tables/real_linear.md-->
+    ...
+    <!--/include-->
+
+`refresh_docs` rewrites what lies between the markers; `slora-vtc docs --check` (and a test)
+fails when a committed document disagrees with the files.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from slora_vtc.data import REPO_ROOT
+from slora_vtc.errors import UserError
+
+SOURCES = {
+    "fig": "figures/numbers.json",  # slora-vtc figures
+    "bench": "benchmarks/results/cpu.json",  # benchmarks/run.py
+    "decode": "benchmarks/results/cpu_decode.json",  # benchmarks/cpu_decode.py
+    "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
+}
+DOCS = ("README.md", "paper_repro.md", "benchmarks/README.md", "docs/design.md", "docs/extending.md")
+
+NUMBER = re.compile(r"<!--n:(?P<key>[^>|]+?)(?:\|(?P<fmt>[^>]*))?-->(?P<text>.*?)<!--/n-->", re.S)
+INCLUDE = re.compile(r"(?P<open><!--include:(?P<path>[^>]+?)-->\n)(?P<text>.*?)(?P<close><!--/include-->)", re.S)
+
+
+class Numbers:
+    """The JSON files of SOURCES under one root, each read once."""
+
+    def __init__(self, root: Path = REPO_ROOT):
+        self.root = root
+        self._files: dict[str, object] = {}
+
+    def lookup(self, key: str, where: str):
+        source, sep, path = key.partition(":")
+        if not sep or source not in SOURCES:
+            raise UserError(f"{where}: number '{key}' names no source (known: {', '.join(SOURCES)})")
+        value = self._file(source)
+        for part in path.split("/"):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                raise UserError(f"{where}: {SOURCES[source]} has no '{path}' (stopped at '{part}')")
+        if isinstance(value, dict) and "value" in value:  # the paper's entries carry their source beside the value
+            value = value["value"]
+        return value
+
+    def _file(self, source: str):
+        if source not in self._files:
+            path = self.root / SOURCES[source]
+            if not path.is_file():
+                raise UserError(f"{path} is missing (regenerate it: `make figures` or `make bench`)")
+            self._files[source] = json.loads(path.read_text())
+        return self._files[source]
+
+
+def refresh_docs(paths: list[Path], write: bool = True, root: Path = REPO_ROOT) -> list[Path]:
+    """The documents whose quoted numbers differ from the files (rewritten when `write`)."""
+    numbers, stale = Numbers(root), []
+    for path in paths:
+        path = path if path.is_absolute() else root / path
+        if not path.exists():
+            continue
+        text = path.read_text()
+        fresh = refresh_text(text, numbers, str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+        if fresh != text:
+            stale.append(path)
+            if write:
+                path.write_text(fresh)
+    return stale
+
+
+def refresh_text(text: str, numbers: Numbers, where: str = "document") -> str:
+    def number(m: re.Match) -> str:
+        value = numbers.lookup(m["key"].strip(), f"{where}:{_line(text, m.start())}")
+        return f"<!--n:{m['key']}{'|' + m['fmt'] if m['fmt'] is not None else ''}-->{_format(value, m['fmt'], where)}<!--/n-->"
+
+    def include(m: re.Match) -> str:
+        path = numbers.root / m["path"].strip()
+        if not path.is_file():
+            raise UserError(f"{where}:{_line(text, m.start())}: included file {m['path']} does not exist")
+        body = path.read_text()
+        return m["open"] + body + ("" if body.endswith("\n") else "\n") + m["close"]
+
+    return NUMBER.sub(number, INCLUDE.sub(include, text))
+
+
+def _format(value, fmt: str | None, where: str) -> str:
+    if fmt is None or fmt == "":
+        return str(value)
+    try:
+        return format(value, fmt)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{where}: cannot format {value!r} with '{fmt}' ({e})") from None
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
