@@ -9,10 +9,10 @@ from tqdm import tqdm
 
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import Experiment, run_experiment
-from slora_vtc.figures import cost_profile, real, synthetic, variants
 from slora_vtc.figures.base import Figure, Results
+from slora_vtc.figures.registry import FIGURES, register_figure
 
-FIGURES: dict[str, Figure] = {f.name: f for f in [*synthetic.FIGURES, *variants.FIGURES, *cost_profile.FIGURES, *real.FIGURES]}
+__all__ = ["FIGURES", "register_figure", "render_figures"]
 NUMBERS_FILE = "numbers.json"
 
 

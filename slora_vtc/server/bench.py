@@ -5,13 +5,15 @@ As the artifact's benchmark client does: every request is sent at its trace time
 prompt_len dummy token ids and max_new_tokens = output_len (greedy, EOS ignored). First-token and
 total latency are measured here, on the client side, and written in the simulator's result
 format, so the same figures and tables come out of a served run. Status: finished; rejected
-(429, or 400: the server can never fit the request); aborted (any other failure).
+(429, or 400: the server can never fit the request); aborted (any other failure). A replay in
+which no request finished is an error that names the commonest reason (e.g. HTTP 401).
 """
 
 import asyncio
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx2
@@ -50,6 +52,11 @@ class _Outcome:
     first_token_s: float = -1.0
     total_s: float = -1.0
     output_len: int | None = None
+    why: str = ""  # for a request that did not finish: the HTTP status and the server's message
+
+
+class NothingServed(UserError):
+    """Every request of a replay failed: the run measured nothing."""
 
 
 def run_bench(config: BenchConfig) -> RunResult:
@@ -73,8 +80,17 @@ async def _replay(config: BenchConfig, records: list[RequestSpec], clients: Clie
     duration = config.duration or math.ceil(records[-1].arrival)
     run_config = {"workload": "http", "trace": config.trace, "url": url, "backend": "http", "time_scale": config.time_scale,
                   "duration": duration, **server}
+    if not any(o.status == "finished" for o in outcomes):
+        raise NothingServed(_why_none(outcomes))
     responses = tuple(_response(r, o, config.time_scale) for r, o in zip(records, outcomes))
     return RunResult(run_config, total, responses)
+
+
+def _why_none(outcomes: list[_Outcome]) -> str:
+    reasons = Counter(o.why or o.status for o in outcomes)
+    (reason, count), *others = reasons.most_common()
+    more = f"; {sum(n for _, n in others)} for other reasons" if others else ""
+    return f"none of the {len(outcomes)} requests finished: {count} got {reason}{more}"
 
 
 async def _server_info(http: httpx2.AsyncClient, url: str) -> dict:
@@ -107,7 +123,8 @@ async def _send(http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: flo
     try:
         async with http.stream("POST", f"{url}/generate_stream", json=body, headers=headers) as reply:
             if reply.status_code != 200:
-                return _Outcome("rejected" if reply.status_code in REJECTED_STATUSES else "aborted")
+                why = f"HTTP {reply.status_code} ({await _error_message(reply)})"
+                return _Outcome("rejected" if reply.status_code in REJECTED_STATUSES else "aborted", why=why)
             async for line in reply.aiter_lines():
                 event = _event(line)
                 if event is None:
@@ -116,12 +133,21 @@ async def _send(http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: flo
                     first = time.perf_counter() - sent
                 if event.get("finished"):
                     final = event
-    except httpx2.HTTPError:
-        return _Outcome("aborted")
+    except httpx2.HTTPError as e:
+        return _Outcome("aborted", why=f"a connection error ({type(e).__name__}: {e})")
     details = (final or {}).get("details") or {}
     if first is None or details.get("finish_reason") not in ("length", "stop"):
-        return _Outcome("aborted")
+        return _Outcome("aborted", why=f"a stream that ended without finishing ({details.get('finish_reason', 'no final event')})")
     return _Outcome("finished", first, time.perf_counter() - sent, details.get("generated_tokens"))
+
+
+async def _error_message(reply: httpx2.Response) -> str:
+    """The server's error message (OpenAI's error shape), or the body's first line."""
+    body = (await reply.aread()).decode(errors="replace")
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body.strip().splitlines()[0][:200] if body.strip() else "no message"
 
 
 def _event(line: str) -> dict | None:

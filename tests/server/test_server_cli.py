@@ -11,6 +11,7 @@ import time
 
 import httpx2
 import pytest
+from conftest import REPO
 from server_util import running_server
 
 from slora_vtc.cli import main
@@ -43,6 +44,21 @@ def test_bench_http_replays_a_trace(tmp_path):
         else:
             assert resp.first_token_latency == resp.request_latency == -1
     assert result.total_time >= rows[-1][3]
+
+
+def test_bench_http_where_every_request_fails_says_why(tmp_path, capsys):
+    """The README's example server lists API keys: a replay without --clients gets 401 for every request."""
+    trace = write_trace(tmp_path / "t.jsonl", [("alice", 4, 2, 0.0), ("bob", 4, 2, 0.01), ("alice", 4, 2, 0.02)])
+    clients = str(REPO / "examples" / "clients.toml")
+    with running_server(pool_tokens=1000, clients_file=clients) as srv:
+        code = main(["bench-http", str(trace), "--url", srv.url, "--out", str(tmp_path / "r.jsonl")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1
+        assert "none of the 3 requests finished: 3 got HTTP 401 (missing API key" in err[0]
+        assert not (tmp_path / "r.jsonl").exists()
+        assert main(["bench-http", str(trace), "--url", srv.url, "--out", str(tmp_path / "r.jsonl"), "--clients", clients]) == 0
+        srv.wait_idle()
+    assert read_results(tmp_path / "r.jsonl")[0].count("finished") == 3
 
 
 def test_bench_http_bad_input(tmp_path):
