@@ -164,9 +164,16 @@ def test_logits_of_a_request_do_not_depend_on_its_batch():
     assert late.first_token_time > first.first_token_time
 
 
-@pytest.mark.parametrize("rows", [1, 2])
-def test_request_rows_are_reused(rows):
-    backend = tiny_backend(pool=400)
-    engine = real_engine(backend, pool=400)
-    engine.run([request(prompt(10, i), 5) for i in range(rows * 10)])
-    assert backend.rows.table.shape[0] <= max(8, 2 * rows * 10) and backend.rows.row_of == {}
+def test_request_rows_are_reused():
+    """20 requests through a pool that holds 3 at a time: they share the first 8 rows."""
+    backend = tiny_backend(pool=60)
+    used = set()
+    add = backend.rows.add
+    backend.rows.add = lambda rids, capacity: (rows := add(rids, capacity), used.update(rows))[0]
+    engine = real_engine(backend, pool=60)
+    requests = [request(prompt(10, i), 5) for i in range(20)]
+    running = []
+    engine.run(requests, on_step=lambda: running.append(len(engine.running)))
+    assert all(r.generated == 5 for r in requests)
+    assert max(running) == 3  # 15 tokens each; a fourth would need 60 >= pool
+    assert len(used) <= 8 and backend.rows.table.shape[0] == 8 and backend.rows.row_of == {}

@@ -74,6 +74,13 @@ def test_rpm_counts_only_accepted_arrivals_in_the_last_minute():
     assert rpm.num_waiting() == 5
 
 
+def test_rpm_window_is_sixty_seconds_to_the_boundary():
+    """Accepted at 0; one limit: refused until the arrival at 0 is 60 s old, then accepted."""
+    rpm = RPM(limit=1)
+    times = [0.0, 50.0, 59.999, 60.0, 119.999, 120.0]
+    assert [rpm.on_arrival(req("a", 1, 1, t), t) for t in times] == [True, False, False, True, False, True]
+
+
 def test_rpm_rejected_requests_are_never_served():
     reqs = [req("a", 10, 3, t) for t in (0.0, 0.1, 0.2, 0.3)] + [req("b", 10, 3, 0.4)]
     engine = make_engine(RPM(limit=2))
