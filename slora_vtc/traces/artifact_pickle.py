@@ -6,10 +6,12 @@ plain containers and a class named `Request` (from any module), which it replace
 record; any other global is refused before anything is called.
 """
 
+import io
 import pickle
 from pathlib import Path
 
 from slora_vtc.errors import UserError
+from slora_vtc.traces.files import first_line
 
 
 class ArtifactRequest:
@@ -36,12 +38,11 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing global '{module}.{name}'")
 
 
-def read_artifact_pickle(path: Path) -> list:
+def load_artifact_pickle(path: Path, pickled: bytes) -> list:
     try:
-        with path.open("rb") as f:
-            data = _RestrictedUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, TypeError, AttributeError, ValueError) as e:
-        raise UserError(f"{path}: not a trace pickle this reader accepts ({e})") from None
+        data = _RestrictedUnpickler(io.BytesIO(pickled)).load()
+    except Exception as e:  # a damaged pickle fails in many ways; find_class refused anything that could run code
+        raise UserError(f"{path}: not a trace pickle this reader accepts ({first_line(e)})") from None
     if isinstance(data, dict) and "requests" in data:
         data = data["requests"]
     if not isinstance(data, (list, tuple)):

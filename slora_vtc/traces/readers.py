@@ -1,9 +1,10 @@
 """Trace files: one request per record with client, prompt_len, output_len, req_time.
 
-Formats: our JSONL (one object per line), CSV (a header row) or parquet, the paper's JSON
-(`{"requests": [...]}`, as in traces/lmsys_real_trace.json), and the artifact's pickle (through a
-restricted unpickler). Records become RequestSpecs (`req_time` is their `arrival`). Every problem
-is a UserError naming file, line and field.
+Formats: our JSONL (one object per line), CSV (a header row) or parquet (those four columns), the
+paper's JSON (`{"requests": [...]}`, as in traces/lmsys_real_trace.json), and the artifact's pickle
+(through a restricted unpickler), each optionally gzip-compressed (`t.jsonl.gz`). Parquet, pickle
+and gzip are recognised by their bytes as well as their names. Records become RequestSpecs
+(`req_time` is their `arrival`). Every problem is a UserError naming file, line and field.
 """
 
 import csv
@@ -13,30 +14,33 @@ from pathlib import Path
 
 from slora_vtc.errors import UserError
 from slora_vtc.results import client_sort_key
+from slora_vtc.traces.artifact_pickle import load_artifact_pickle
+from slora_vtc.traces.files import decode_text, inner_suffix, is_parquet, is_pickle, parquet_rows, read_input
 from slora_vtc.workload import RequestSpec, Workload
 
 FIELDS = ("client", "prompt_len", "output_len", "req_time")
+TRACE_FORMATS = "traces are JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl, optionally .gz"
 
 
 def read_trace(path: str | Path) -> list[RequestSpec]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such trace file")
-    if path.suffix == ".pkl":
-        from slora_vtc.traces.artifact_pickle import read_artifact_pickle
+    data = read_input(path, f"give one trace file ({TRACE_FORMATS})")
+    if inner_suffix(path) == ".pkl" or is_pickle(data):
+        return _checked(path, [(None, r) for r in load_artifact_pickle(path, data)])
+    if is_parquet(path, data):
+        return _checked(path, [(None, r) for r in parquet_rows(path, data)])
+    return _checked(path, _text_rows(path, decode_text(path, data, TRACE_FORMATS)))
 
-        return _checked(path, [(None, r) for r in read_artifact_pickle(path)])
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (traces are JSONL, CSV, JSON or the artifact's .pkl)") from None
-    if path.suffix == ".csv":
-        rows = [(n, row) for n, row in enumerate(csv.DictReader(text.splitlines()), start=2)]
-    elif text.lstrip().startswith("{") and path.suffix == ".json":
-        rows = _paper_json(path, text)
-    else:
-        rows = [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    return _checked(path, rows)
+
+def _text_rows(path: Path, text: str) -> list[tuple[int | None, dict]]:
+    suffix = inner_suffix(path)
+    if suffix == ".csv":
+        return [(n, row) for n, row in enumerate(csv.DictReader(text.splitlines()), start=2)]
+    if suffix == ".json" and text.lstrip().startswith("{"):
+        return _paper_json(path, text)
+    return [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
 def _paper_json(path: Path, text: str) -> list[tuple[int | None, dict]]:
@@ -103,7 +107,7 @@ def _count(where: str, row: dict, name: str) -> int:
 
 
 def write_trace(records: list[RequestSpec], path: str | Path) -> None:
-    """JSONL, or CSV when the file name ends in .csv."""
+    """JSONL, or CSV / parquet when the file name ends in .csv / .parquet."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".csv":
@@ -111,6 +115,10 @@ def write_trace(records: list[RequestSpec], path: str | Path) -> None:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(_row(r) for r in records)
+    elif path.suffix == ".parquet":
+        import pandas as pd
+
+        pd.DataFrame([_row(r) for r in records], columns=list(FIELDS)).to_parquet(path, index=False)
     else:
         path.write_text("".join(json.dumps(_row(r)) + "\n" for r in records))
 

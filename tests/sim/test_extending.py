@@ -46,3 +46,53 @@ def test_the_plugin_is_listed_and_unknown_plugins_are_one_line_errors():
     env_plugin = subprocess.run([sys.executable, "-m", "slora_vtc", "list"], cwd=REPO, capture_output=True, text=True, timeout=120,
                                 env={**os.environ, "SLORA_VTC_PLUGINS": str(PLUGIN)})
     assert env_plugin.returncode == 0 and "round robin over clients" in env_plugin.stdout
+
+
+# docs/extending.md's backend, suite and figure, registered by one plugin file
+OTHER_EXTENSIONS = """
+import numpy as np
+from slora_vtc.backends import BackendEntry, ModelBackend, StepResult, register_backend
+from slora_vtc.suites import Suite, register_suite
+from slora_vtc.workload import RequestSpec
+from slora_vtc.figures import register_figure
+from slora_vtc.figures.base import Figure, run_numbers
+from slora_vtc.figures.plot import panels, save, service_rate_panel
+from slora_vtc.experiment import Experiment
+
+class ConstantBackend(ModelBackend):
+    simulated = True
+    def prefill(self, reqs): return StepResult([None] * len(reqs), 0.02)
+    def decode(self, reqs): return StepResult([None] * len(reqs), 0.02)
+register_backend("constant", BackendEntry(lambda settings: ConstantBackend(), "every step takes 20 ms"))
+
+def bursty(duration, seed):
+    rng = np.random.RandomState(seed)
+    t = np.sort(rng.uniform(0, duration, 100))
+    return [RequestSpec(f"client{i % 2}", 100, 50, float(x)) for i, x in enumerate(t)]
+register_suite(Suite("bursty", "-", "2 clients, one sends bursts", num_clients=2, duration=600, generate=bursty))
+
+experiment = Experiment(suite="bursty", scheduler="vtc")
+def draw(results, out):
+    result = results[experiment]
+    fig, axes = panels(1)
+    service_rate_panel(axes[0], result, 600.0, "VTC")
+    save(fig, out / "bursty.png")
+    return {"vtc": run_numbers(result, 600.0)}
+register_figure(Figure("bursty", "-", "VTC on bursts", (experiment,), draw))
+"""
+
+
+def test_a_plugin_adds_a_backend_a_suite_and_a_figure(tmp_path):
+    plugin = tmp_path / "extensions.py"
+    plugin.write_text(OTHER_EXTENSIONS)
+    out = tmp_path / "run.jsonl"
+    proc = cli("--plugin", str(plugin), "run", "--suite", "bursty", "--scheduler", "vtc", "--backend", "constant", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (result,) = read_results(out)
+    assert result.config["backend"] == "constant" and result.count("finished") == 100
+    # on a near-idle server a request waits at most for the step under way, the 10 decode steps
+    # before the next admission, and its own prefill: 12 steps of 20 ms
+    assert max(r.first_token_latency for r in result.responses) <= 12 * 0.02 + 1e-9
+    proc = cli("--plugin", str(plugin), "figures", "--only", "bursty", "--out", str(tmp_path / "figs"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "figs" / "bursty.png").exists() and "bursty" in (tmp_path / "figs" / "numbers.json").read_text()
