@@ -1,5 +1,6 @@
 """Request traces: reading them (ours, the paper's, the artifact's pickle) and building them from
-raw Chatbot Arena conversation logs (docs/design.md, "The trace pipeline")."""
+raw conversation logs: Chatbot Arena, lmsys-chat-1m, ShareGPT or OpenAI-style messages
+(docs/design.md, "The trace pipeline"; the layouts and arrival rules in traces/build.py)."""
 
 from slora_vtc.traces.readers import read_trace, trace_workload, write_trace
 

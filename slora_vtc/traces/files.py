@@ -69,11 +69,14 @@ def parquet_rows(path: Path, data: bytes) -> list[dict]:
         frame = pd.read_parquet(io.BytesIO(data))
     except Exception as e:  # pyarrow raises many types for a bad file
         raise UserError(f"{path}: cannot read parquet ({first_line(e)})") from None
-    return [{k: plain(v) for k, v in row.items() if not is_missing(v)} for row in frame.to_dict("records")]
+    return [{k: plain(v) for k, v in row.items() if not _is_missing(v)} for row in frame.to_dict("records")]
 
 
-def is_missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+def _is_missing(value) -> bool:
+    """None, NaN, NaT or pd.NA: how a parquet column fills the rows that lack it."""
+    import pandas as pd
+
+    return pd.api.types.is_scalar(value) and bool(pd.isna(value))
 
 
 def plain(value):
@@ -85,3 +88,9 @@ def plain(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def json_kind(value) -> str:
+    """A value's type in JSON's words, for messages."""
+    names = {str: "a string", list: "a list", tuple: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

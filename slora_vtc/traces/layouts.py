@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 from slora_vtc.errors import UserError
+from slora_vtc.traces.files import json_kind
 
 # a turn's speaker, in every layout's spelling -> user / assistant / system
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
@@ -74,7 +75,7 @@ def _client(where: str, rec: dict, layout: Layout, model_field: str, client_fiel
         return layout.default_client
     value = rec[field]
     if isinstance(value, (dict, list, bool)):
-        raise UserError(f"{where}: field '{field}' must name a client, got {_kind(value)}")
+        raise UserError(f"{where}: field '{field}' must name a client, got {json_kind(value)}")
     return str(value)
 
 
@@ -82,19 +83,19 @@ def _turns(where: str, layout: Layout, field: str, conversation) -> list[tuple[s
     if conversation is None:
         raise UserError(f"{where}: missing field '{field}' (a {layout.name} record)")
     if not isinstance(conversation, (list, tuple)):
-        raise UserError(f"{where}: field '{field}' must be a list of turns, got {_kind(conversation)}")
+        raise UserError(f"{where}: field '{field}' must be a list of turns, got {json_kind(conversation)}")
     return [_turn(f"{where}: field '{field}' turn {i}", layout, turn) for i, turn in enumerate(conversation, 1)]
 
 
 def _turn(where: str, layout: Layout, turn) -> tuple[str, str]:
     if not isinstance(turn, dict):
-        raise UserError(f"{where} is {_kind(turn)}, expected an object with '{layout.role}' and '{layout.text}'")
+        raise UserError(f"{where} is {json_kind(turn)}, expected an object with '{layout.role}' and '{layout.text}'")
     for key in (layout.role, layout.text):
         if key not in turn:
             raise UserError(f"{where}: missing field '{key}'")
     text = turn[layout.text] if turn[layout.text] is not None else ""
     if not isinstance(text, str):
-        raise UserError(f"{where}: field '{layout.text}' must be text, got {_kind(text)}")
+        raise UserError(f"{where}: field '{layout.text}' must be text, got {json_kind(text)}")
     speaker = str(turn[layout.role]).lower()
     return ROLES.get(speaker, speaker), text
 
@@ -125,9 +126,3 @@ def _given_count(where: str, rec: dict, field: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
         raise UserError(f"{where}: field '{field}' is not a whole number: {value!r}")
     return int(value)
-
-
-def _kind(value) -> str:
-    """A value's type in JSON's words."""
-    names = {str: "a string", list: "a list", tuple: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -109,7 +109,14 @@ def _count(where: str, row: dict, name: str) -> int:
 def write_trace(records: list[RequestSpec], path: str | Path) -> None:
     """JSONL, or CSV / parquet when the file name ends in .csv / .parquet."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(records, path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write the trace ({e.strerror or e})") from None
+
+
+def _write(records: list[RequestSpec], path: Path) -> None:
     if path.suffix == ".csv":
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)

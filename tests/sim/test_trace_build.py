@@ -67,6 +67,8 @@ BAD_INPUTS = {
     "bad-iso.jsonl": (lambda p: write_jsonl(p, [arena("a", 3, 4, tstamp=1.0), arena("a", 3, 4, tstamp="yesterday noon")]),
                       "record 2: field 'tstamp' is not a time"),
     "lists.jsonl": (lambda p: write_jsonl(p, [arena("a", 3, 4), [1, 2]]), "record 2: expected an object"),
+    "list-lines.jsonl": (lambda p: write_jsonl(p, [["a", "b"], ["c", "d"]]), "record 1: expected an object (a conversation record), got a list"),
+    "empty.jsonl": (lambda p: p.write_text("\n"), "no records"),
     "string-turns.jsonl": (lambda p: write_jsonl(p, [{"model": "a", "conversation": ["hi", "yo"]}]),
                            "record 1: field 'conversation' turn 1 is a string, expected an object with 'role' and 'content'"),
     "not-a-list.jsonl": (lambda p: write_jsonl(p, [{"model": "a", "conversation": "hi"}]), "record 1: field 'conversation' must be a list of turns"),
@@ -89,6 +91,11 @@ def test_bad_input_is_one_line_naming_file_and_problem(tmp_path, capsys, name):
 def test_directory_given_as_the_file(tmp_path, capsys):
     assert main(build(tmp_path)) == 2
     assert f"{tmp_path}: is a directory" in one_line_error(capsys)
+
+
+def test_out_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    assert main(["trace", "build", FIXTURE, "--rate", "0.1", "--duration", "300", "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path}: cannot write the trace" in one_line_error(capsys)
 
 
 def test_zero_requests_asked_for_is_an_error_not_a_crash(capsys):
@@ -116,6 +123,18 @@ def test_iso_timestamps_naive_as_utc_mixed_with_unix_times(tmp_path, india_time)
     ])
     records, _ = build_trace(str(raw), rate=1, duration=20, count_tokens=approx_count)
     assert [(r.client, r.arrival) for r in records] == [("a", 0.0), ("c", 10.0), ("b", 20.0)]
+
+
+def test_parquet_datetime_column_is_utc_and_a_gap_in_it_is_named(tmp_path, india_time):
+    conversation = turns(("user", 3), ("assistant", 4))
+    frame = pd.DataFrame({"model": ["a", "b"], "conversation": [conversation] * 2,
+                          "tstamp": pd.to_datetime(["2023-04-01T10:00:00", "2023-04-01T10:00:10"])})
+    frame.to_parquet(tmp_path / "raw.parquet")
+    records, _ = build_trace(str(tmp_path / "raw.parquet"), 1, 20, approx_count)
+    assert [(r.client, r.arrival) for r in records] == [("a", 0.0), ("b", 20.0)]
+    frame.assign(tstamp=pd.to_datetime(["2023-04-01T10:00:00", None])).to_parquet(tmp_path / "gap.parquet")
+    with pytest.raises(UserError, match="gap.parquet: record 2: missing field 'tstamp' while record 1 has one"):
+        build_trace(str(tmp_path / "gap.parquet"), 1, 20, approx_count, arrivals="auto")
 
 
 def test_mixed_timestamped_and_untimestamped_records_name_the_first_without(tmp_path, capsys):
