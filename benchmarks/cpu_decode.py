@@ -32,9 +32,9 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from slora_vtc.backends.llama import build_backend  # noqa: E402
 from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
-from slora_vtc.model.spec import get_model_spec  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
+from slora_vtc.model.spec import get_model_spec  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched import build_scheduler  # noqa: E402
 

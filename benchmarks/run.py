@@ -20,12 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from tqdm import tqdm
-
 import figures_time
+import numpy as np
 import sched_overhead as so
 import sim_speed
+from tqdm import tqdm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEDULERS = ("vtc", "fcfs", "lcf")

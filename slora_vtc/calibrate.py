@@ -1,96 +1,120 @@
-"""Calibrate the simulator: step times from a cost profile, serving overhead from one measured run.
+"""Calibrate the simulator to a testbed: the forward pass from a cost profile, what the serving
+path adds from one measured run of it (docs/design.md, "The simulator and its calibration").
 
-The profile times the model's forward pass; a served system adds a roughly constant time to each
-forward pass. We find the overhead that makes the simulator's throughput on the measured run's own
-requests match the measured throughput (bisection; throughput falls as overhead grows), then check
-it against other measured runs.
+The profile times the model's forward pass alone. A served run adds, per forward pass, the
+host's work around it (sampling, tensor copies, synchronisation, IPC): the `overhead`, fitted so
+that the simulator serves the measured run's own requests at the measured steady-state rate
+(tokens per second while the server is backlogged, which the drain at the end does not disturb).
+The artifact's server does no warm-up, so its first forward pass also pays one-time start-up
+costs: `cold_start`, measured as the first request's time to first token beyond the model's.
+Everything else (throughput, latencies, service shares of other runs) is then a prediction.
 """
 
 from dataclasses import dataclass, replace
 
-from pathlib import Path
+import numpy as np
 
 from slora_vtc import metrics
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
 from slora_vtc.config import EngineConfig
-from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
+from slora_vtc.cost import LinearCost
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import serve_requests
-from slora_vtc.profile import load_profile
 from slora_vtc.results import RunResult, read_results
 from slora_vtc.sched import build_scheduler
 from slora_vtc.workload import workload_from_result
 
-
-@dataclass(frozen=True)
-class Replay:
-    measured: float  # tokens/s
-    simulated: float  # tokens/s
-
-    @property
-    def error(self) -> float:
-        return (self.simulated - self.measured) / self.measured
+STEADY_FROM_S = 100.0  # the steady-state window starts here...
+STEADY_UNTIL = 0.8  # ...and ends at this fraction of the measured run's total time, before the drain
+ADDED_TOKENS = 1  # the artifact's client sends prompt_len words; its server adds a BOS token
+MIN_REQUESTS = 20  # per-client latency is compared for clients with at least this many requests
+TOKENS = LinearCost(1.0, 1.0)  # prompt + output tokens, to measure a steady-state token rate
 
 
-def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000) -> Replay:
-    """Serve a measured run's requests on the simulator and compare throughputs."""
+def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000) -> RunResult:
+    """The measured run's own requests (clients, lengths, send times) served by the simulator."""
     workload = workload_from_result("measured", measured)
-    requests = workload.requests()
+    requests = workload.requests(ADDED_TOKENS)
     total = serve_requests(requests, build_scheduler(scheduler, list(workload.clients)), EngineConfig(pool_tokens=pool_tokens), SimBackend(model))
-    simulated = RunResult.of({}, requests, total)
-    return Replay(metrics.throughput(measured), metrics.throughput(simulated))
+    return RunResult.of({"duration": workload.duration}, requests, total)
 
 
-def fit_overhead(model: StepTimeModel, measured: RunResult, scheduler: str, tolerance: float = 1e-4) -> float:
-    """The per-forward-pass overhead (s) at which the simulator matches the measured throughput."""
-    lo, hi = 0.0, 0.05
-    if replay(replace(model, overhead_s=lo), measured, scheduler).error <= 0:
+def steady_rate(result: RunResult, until: float) -> float:
+    """Prompt + output tokens served per second in [STEADY_FROM_S, until]."""
+    served = metrics.accumulated_service(result, [STEADY_FROM_S, until], TOKENS)
+    return float(sum(s[1] - s[0] for s in served.values()) / (until - STEADY_FROM_S))
+
+
+def measure_cold_start(model: StepTimeModel, measured: RunResult, scheduler: str) -> float:
+    """How much longer the measured first request took to its first token than the model says."""
+    warm = replay(replace(model, cold_start_s=0.0), measured, scheduler)
+    first = int(np.argmin(measured.array("req_time")))
+    return max(0.0, float(measured.array("first_token_latency")[first] - warm.array("first_token_latency")[first]))
+
+
+def fit_overhead(model: StepTimeModel, measured: RunResult, scheduler: str, tolerance_s: float = 1e-5) -> float:
+    """The per-forward-pass overhead at which the simulated steady-state rate is the measured one."""
+    until = STEADY_UNTIL * measured.total_time
+    target = steady_rate(measured, until)
+    lo, hi = 0.0, 0.02
+    if steady_rate(replay(replace(model, overhead_s=lo), measured, scheduler), until) <= target:
         return 0.0
-    while hi - lo > tolerance:
+    while hi - lo > tolerance_s:  # the rate falls as the overhead grows
         mid = (lo + hi) / 2
-        if replay(replace(model, overhead_s=mid), measured, scheduler).error > 0:
+        if steady_rate(replay(replace(model, overhead_s=mid), measured, scheduler), until) > target:
             lo = mid
         else:
             hi = mid
-    return round((lo + hi) / 2, 4)
+    return round((lo + hi) / 2, 5)
 
 
-def _first_run(path: str) -> RunResult:
+def calibrate(model: StepTimeModel, reference: RunResult, scheduler: str) -> StepTimeModel:
+    """The forward-pass model plus what the reference run says the serving path adds."""
+    cold = round(measure_cold_start(model, reference, scheduler), 2)
+    overhead = fit_overhead(replace(model, cold_start_s=cold), reference, scheduler)
+    return replace(model, overhead_s=overhead, cold_start_s=cold)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A measured run against the simulator serving its requests."""
+
+    throughput: tuple[float, float]  # tokens/s: measured, simulated
+    ttft: dict[str, tuple[float, float]]  # per client with >= MIN_REQUESTS requests: mean TTFT measured, simulated
+    share: dict[str, tuple[float, float]]  # per client: share of the service delivered by the end of arrivals
+
+    @property
+    def throughput_error(self) -> float:
+        return self.throughput[1] / self.throughput[0] - 1
+
+    def ttft_errors(self) -> dict[str, float]:
+        return {c: s / m - 1 for c, (m, s) in self.ttft.items()}
+
+
+def compare(model: StepTimeModel, measured: RunResult, scheduler: str) -> Comparison:
+    simulated = replay(model, measured, scheduler)
+    duration = float(measured.config.get("duration", measured.array("req_time").max()))
+    return Comparison(
+        (metrics.throughput(measured), metrics.throughput(simulated)),
+        {c: (_mean_ttft(measured, c), _mean_ttft(simulated, c)) for c in measured.clients
+         if (measured.array("client") == c).sum() >= MIN_REQUESTS},
+        {c: (m, s) for c, m, s in zip(measured.clients, *(_shares(r, duration) for r in (measured, simulated)))},
+    )
+
+
+def _mean_ttft(result: RunResult, client: str) -> float:
+    mine = (result.array("client") == client) & (result.array("status") == "finished")
+    return float(result.array("first_token_latency")[mine].mean())
+
+
+def _shares(result: RunResult, until: float) -> list[float]:
+    served = metrics.accumulated_service(result, [until])
+    total = sum(s[0] for s in served.values())
+    return [float(served[c][0] / total) for c in result.clients]
+
+
+def first_run(path: str) -> RunResult:
     runs = read_results(path)
     if not runs:
         raise UserError(f"{path}: no run in this result file (it is empty)")
     return runs[0]
-
-
-def _guess_scheduler(path: str) -> str:
-    stem = Path(path).stem.split("_")[0]
-    return stem if stem in ("vtc", "fcfs", "lcf") else "vtc"
-
-
-def calibration_report(profile: str | None, measured: list[str], schedulers: list[str]) -> str:
-    """Fit, residuals, the overhead fitted on the first measured run, and every replay's error."""
-    import pandas as pd
-
-    profile = profile or data_file(A10G_PROFILE)
-    if not measured:
-        found = sorted(data_file(MEASURED).glob("*.jsonl"), key=lambda p: (not p.name.startswith("vtc"), p.name))
-        measured = [str(p) for p in found]
-    schedulers = list(schedulers) + [_guess_scheduler(m) for m in measured[len(schedulers):]]
-    points = load_profile(profile)
-    model = StepTimeModel.fit(points)
-    lines = [f"profile: {profile}", "forward-pass model (seconds):",
-             f"  prefill = {model.prefill_coef[0]:.5f} + {model.prefill_coef[1]:.3e} * requests + {model.prefill_coef[2]:.3e} * prompt_tokens",
-             f"  decode  = {model.decode_coef[0]:.5f} + {model.decode_coef[1]:.3e} * max(0, requests - {model.decode_knee}) + {model.decode_coef[2]:.3e} * context_tokens"]
-    table = pd.DataFrame([{"input": p.input_len, "output": p.output_len, "batch": p.batch_size,
-                           "prefill_err_%": 100 * e_p, "decode_err_%": 100 * e_d} for p, e_p, e_d in model.residuals(points)])
-    lines += ["relative residuals per profile point:", table.to_string(index=False, float_format="%.1f"),
-              f"rms: prefill {(table['prefill_err_%'] ** 2).mean() ** 0.5:.1f}%, decode {(table['decode_err_%'] ** 2).mean() ** 0.5:.1f}%"]
-    if measured:
-        runs = [_first_run(m) for m in measured]
-        overhead = fit_overhead(model, runs[0], schedulers[0])
-        model = replace(model, overhead_s=overhead)
-        lines.append(f"serving overhead per forward pass, fitted on {measured[0]}: {overhead * 1000:.1f} ms")
-        for path, run, sched in zip(measured, runs, schedulers):
-            r = replay(model, run, sched)
-            lines.append(f"  replay {path} ({sched}): measured {r.measured:.1f} tok/s, simulated {r.simulated:.1f} tok/s ({r.error:+.1%})")
-    return "\n".join(lines)

@@ -5,10 +5,12 @@ The same function serves simulated and real runs; only the backend (and so the c
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from tqdm import tqdm
 
 from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.registry import BackendSettings, build_backend, get_backend
+from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.clock import VirtualClock, WallClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
@@ -24,6 +26,7 @@ from slora_vtc.workload import Workload
 
 COSTS = ("linear", "profile")
 REAL_ONLY = ("model", "time_scale", "device", "dtype")  # fields a simulated run leaves out of its result file
+SIM_ONLY = ("testbed",)  # and those a real run leaves out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +40,9 @@ class Experiment:
     lift: str = "paper"
     extra_charge_at_finish: bool = False
     profile: str | None = None  # a cost-profile file to calibrate the simulator (and cost) with
+    testbed: str = DEFAULT_TESTBED  # the simulator's testbed (slora_vtc.backends.sim.TESTBEDS), or a testbed file
+    added_tokens: int = 1  # tokens the serving path adds to each prompt: the artifact's server prepends a BOS
+    jitter_ms: float = 0.0  # each arrival comes up to this much later (uniform, seeded by `seed`): for ensembles
     backend: str = "sim"
     trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
     model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: the backend's)
@@ -64,12 +70,17 @@ class Experiment:
         return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=row_slots)
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
-        return BackendSettings(pool_tokens=config.pool_tokens, lora_rank=self.adapter_rank, profile=self.profile,
+        return BackendSettings(pool_tokens=config.pool_tokens, lora_rank=self.adapter_rank, profile=self.profile, testbed=self.testbed,
                                model=self.model_name, device=self.device, dtype=self.dtype, seed=self.seed)
 
     def requests(self, workload: Workload) -> list[Request]:
-        """The workload's requests; with `adapters` set, client i uses adapter i mod N (or none)."""
-        requests = workload.requests()
+        """The workload's requests as the engine sees them (`added_tokens` longer); with `adapters`
+        set, client i uses adapter i mod N (or none)."""
+        requests = workload.requests(self.added_tokens)
+        if self.jitter_ms:
+            delays = np.random.default_rng(self.seed).uniform(0.0, self.jitter_ms / 1000, len(requests))
+            for r, delay in zip(requests, delays):
+                r.arrival += float(delay)
         if self.adapters is not None:
             index = {c: i for i, c in enumerate(dict.fromkeys([*workload.clients, *(r.client for r in requests)]))}
             for r in requests:
@@ -78,7 +89,8 @@ class Experiment:
 
     def result_config(self, config: EngineConfig, workload: Workload) -> dict:
         fields = {**asdict(self), "model": self.model_name, "pool_tokens": config.pool_tokens, "duration": workload.duration}
-        return {k: v for k, v in fields.items() if self.real_backend or k not in REAL_ONLY}
+        left_out = SIM_ONLY if self.real_backend else REAL_ONLY
+        return {k: v for k, v in fields.items() if k not in left_out}
 
     def workload(self) -> Workload:
         return get_suite(self.suite).workload(self.duration, self.seed, self.trace)

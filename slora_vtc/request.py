@@ -37,6 +37,7 @@ class Request:
     stop_token: int | None = None  # end early once this token is generated (EOS); None: ignore EOS
     stopped: bool = False
     sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
+    added_tokens: int = 0  # tokens the serving path put before the client's prompt (a BOS); counted in prompt_len
 
     @property
     def held_tokens(self) -> int:

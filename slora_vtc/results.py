@@ -28,7 +28,8 @@ class Response:
         first = req.first_token_time - req.arrival if served else -1.0
         total = req.finish_time - req.arrival if served else -1.0
         output_len = req.generated if served else req.max_new_tokens  # fewer when stopped at EOS
-        return cls(req.client, req.prompt_len, output_len, req.arrival, first, total, req.state.value)
+        prompt_len = req.prompt_len - req.added_tokens  # the client's prompt, as the artifact's client recorded it
+        return cls(req.client, prompt_len, output_len, req.arrival, first, total, req.state.value)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,14 @@ class Workload:
     duration: float
     specs: tuple[RequestSpec, ...]
 
-    def requests(self) -> list[Request]:
-        """Fresh Request objects in arrival order (each client has its own LoRA adapter, as in the paper)."""
+    def requests(self, added_tokens: int = 0) -> list[Request]:
+        """Fresh Request objects in arrival order (each client has its own LoRA adapter, as in the paper).
+
+        `added_tokens`: what the serving path adds to every prompt before the engine sees it (the
+        artifact's server tokenizes the client's text with a BOS in front: 1).
+        """
         return [
-            Request(s.client, s.prompt_len, s.output_len, s.arrival, rid=i, adapter=s.client)
+            Request(s.client, s.prompt_len + added_tokens, s.output_len, s.arrival, rid=i, adapter=s.client, added_tokens=added_tokens)
             for i, s in enumerate(sorted(self.specs, key=lambda s: s.arrival))
         ]
 

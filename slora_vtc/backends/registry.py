@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slora_vtc.backends.base import ModelBackend
+from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.config import DEFAULT_POOL_TOKENS
 from slora_vtc.errors import UserError
 
@@ -19,6 +20,7 @@ class BackendSettings:
     pool_tokens: int = DEFAULT_POOL_TOKENS
     lora_rank: int = 0
     profile: str | None = None  # sim: a cost-profile file to refit the step-time model to
+    testbed: str = DEFAULT_TESTBED  # sim: a testbed name, or a file written by `slora-vtc calibrate --out`
     model: str | None = None  # real: a ModelSpec name or a Hugging Face folder
     device: str | None = None
     dtype: str | None = None
@@ -39,7 +41,7 @@ class BackendEntry:
 def _sim(settings: BackendSettings) -> ModelBackend:
     from slora_vtc.backends.sim import sim_backend
 
-    return sim_backend(settings.profile)
+    return sim_backend(settings.testbed, settings.profile)
 
 
 def _llama(ops: str) -> Callable[[BackendSettings], ModelBackend]:

@@ -5,6 +5,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from slora_vtc.backends.registry import BACKENDS
+from slora_vtc.backends.sim import DEFAULT_TESTBED, TESTBEDS, load_testbed
 from slora_vtc.cli.report import summary_table
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, run_experiment
@@ -27,7 +28,13 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument("--duration", type=float, help="seconds of arrivals (default: the suite's)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h")
-    p.add_argument("--profile", help="cost-profile JSON to calibrate the simulator (and the profiled cost) with")
+    p.add_argument("--profile", help="cost-profile JSON to refit the simulator's forward pass (and the profiled cost) to")
+    p.add_argument("--testbed", default=DEFAULT_TESTBED,
+                   help=f"the simulator's testbed: {', '.join(TESTBEDS)} (default {DEFAULT_TESTBED}), or a file from `slora-vtc calibrate --out`")
+    p.add_argument("--jitter-ms", type=float, default=0.0,
+                   help="delay each arrival by up to this many ms (uniform, seeded by --seed): one member of an ensemble")
+    p.add_argument("--added-tokens", type=int, default=1,
+                   help="tokens the serving path adds to every prompt (default 1: the artifact's server puts a BOS before the client's text)")
     p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
     p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
     p.add_argument("--adapters", type=int, help="LoRA adapters the clients share, client i using adapter i mod N (default: one per client; 0: none)")
@@ -49,6 +56,7 @@ def experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
         suite=args.suite, scheduler=scheduler, pool_tokens=args.pool_tokens, duration=args.duration, seed=args.seed,
         cost=args.cost, lift=args.lift, extra_charge_at_finish=args.extra_charge_at_finish, profile=args.profile,
+        testbed=args.testbed, added_tokens=args.added_tokens, jitter_ms=args.jitter_ms,
         backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
         time_scale=args.time_scale, device=args.device, dtype=args.dtype,
     )
@@ -62,6 +70,8 @@ def check(exp: Experiment) -> None:
     if exp.pool_tokens is not None and exp.pool_tokens <= 0:
         raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
     _check_real_options(exp)
+    if not exp.real_backend:
+        load_testbed(exp.testbed)
     workload = exp.workload()
     build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
     requests, config = exp.requests(workload), exp.engine_config()
@@ -73,6 +83,12 @@ def check(exp: Experiment) -> None:
 def _check_real_options(exp: Experiment) -> None:
     if not exp.real_backend and (exp.model or exp.device or exp.dtype or exp.time_scale != 1.0):
         raise UserError("--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)")
+    if exp.real_backend and exp.testbed != DEFAULT_TESTBED:
+        raise UserError("--testbed applies to the simulator (--backend sim); a real backend measures its own steps")
+    if exp.added_tokens < 0:
+        raise UserError(f"--added-tokens must not be negative, got {exp.added_tokens}")
+    if not exp.jitter_ms >= 0:
+        raise UserError(f"--jitter-ms must not be negative, got {exp.jitter_ms}")
     if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank < 0:
         raise UserError("--adapters and --adapter-rank must not be negative")
     if exp.time_scale <= 0:

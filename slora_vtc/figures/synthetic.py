@@ -2,6 +2,7 @@
 absolute service difference where the paper compares schedulers. Measured curves are drawn
 dashed beside ours for the suite the artifact measured (overload)."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from slora_vtc.data import measured_run as measured_file
@@ -16,16 +17,29 @@ def measured_run(filename: str) -> RunResult:
     return read_results(measured_file(filename))[0]
 
 
-def suite_figure(suite_name: str, measured: dict[str, str] | None = None, durations: dict[str, float] | None = None) -> Figure:
-    """`durations` overrides the suite's per scheduler, to match a measured run's own duration."""
+@dataclass(frozen=True)
+class Measured:
+    """A run the artifact measured: its result file, and the testbed (session) it ran on."""
+
+    file: str
+    testbed: str
+
+
+def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, durations: dict[str, float] | None = None,
+                 extra: dict[str, Experiment] | None = None) -> Figure:
+    """`durations` overrides the suite's per scheduler, to match a measured run's own duration; a
+    measured run is drawn dashed beside ours, simulated on its own testbed. `extra` runs are only
+    reported in numbers.json."""
     suite = SUITES[suite_name]
     schedulers = suite.schedulers
+    measured, extra = measured or {}, extra or {}
     duration = {s: (durations or {}).get(s, suite.duration) for s in schedulers}
-    experiments = tuple(Experiment(suite=suite_name, scheduler=s, duration=(durations or {}).get(s)) for s in schedulers)
+    experiments = {s: Experiment(suite=suite_name, scheduler=s, duration=(durations or {}).get(s),
+                                 **({"testbed": measured[s].testbed} if s in measured else {})) for s in schedulers}
 
     def draw(results: Results, out: Path) -> dict:
-        runs = {s: results[e] for s, e in zip(schedulers, experiments)}
-        truth = {s: measured_run(f) for s, f in (measured or {}).items()}
+        runs = {s: results[e] for s, e in experiments.items()}
+        truth = {s: measured_run(m.file) for s, m in measured.items()}
         compare = len(schedulers) > 1
         fig, axes = panels(6, rows=2) if compare else panels(2)
         for k, s in enumerate(schedulers):
@@ -44,17 +58,22 @@ def suite_figure(suite_name: str, measured: dict[str, str] | None = None, durati
             service_difference_panel(axes[2], curves, "absolute service difference", styles=styles)
         fig.suptitle(f"{suite.name}: {suite.description} (paper Fig {suite.figure})")
         save(fig, out / f"{suite_name}.png")
-        numbers = {s: run_numbers(r, duration[s]) for s, r in runs.items()}
+        numbers = {s: {**run_numbers(r, duration[s]), "testbed": experiments[s].testbed} for s, r in runs.items()}
         for s, r in truth.items():
             numbers[f"{s} (measured)"] = run_numbers(r, duration[s])
+        for label, exp in extra.items():
+            numbers[label] = {**run_numbers(results[exp], exp.workload().duration), "testbed": exp.testbed}
         return numbers
 
-    return Figure(suite_name, suite.figure, suite.description, experiments, draw)
+    return Figure(suite_name, suite.figure, suite.description, (*experiments.values(), *extra.values()), draw)
 
 
 FIGURES = [
-    # the artifact's measured VTC run lasted 360 s, its FCFS run 600 s: ours match them
-    suite_figure("overload", measured={"vtc": "vtc_overload.jsonl", "fcfs": "fcfs_overload.jsonl"}, durations={"vtc": 360.0}),
+    # the artifact's measured VTC run lasted 360 s (June 2024), its FCFS run 600 s (December 2023)
+    suite_figure("overload", measured={"vtc": Measured("vtc_overload.jsonl", "a10g-2024"), "fcfs": Measured("fcfs_overload.jsonl", "a10g-2023")},
+                 durations={"vtc": 360.0},
+                 extra={"vtc 600 s": Experiment(suite="overload", scheduler="vtc"),  # what `slora-vtc run --suite overload` runs
+                        "fcfs on a10g-2024": Experiment(suite="overload", scheduler="fcfs")}),  # the sessions' difference
     suite_figure("proportional"),
     suite_figure("on_off_less"),
     suite_figure("on_off_overload"),

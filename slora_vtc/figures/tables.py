@@ -13,10 +13,9 @@ from slora_vtc import metrics
 from slora_vtc.cost import LinearCost
 from slora_vtc.data import PAPER_REPORTED, data_file
 from slora_vtc.experiment import Experiment, cost_function
-from slora_vtc.figures.base import Figure, Results
+from slora_vtc.figures.base import TABLE_HORIZON_S, Figure, Results
 from slora_vtc.figures.synthetic import measured_run
 
-HORIZON_S = 600.0
 WORKLOADS = {"real": None, "overload": 360.0, "overload_multi": None}  # durations: the suite's unless given
 SCHEDULERS = ("vtc", "fcfs", "lcf", "rpm:30", "rpm:20", "rpm:5", "vtc-oracle", "vtc-pred:0.5", "vtc-avg")
 COST_BLIND = ("fcfs", "rpm")  # schedulers that never look at the cost function: one run serves both costs
@@ -30,7 +29,7 @@ def _experiments() -> dict[tuple[str, str, str], Experiment]:
 
 
 def row(result, cost: str) -> dict:
-    fair = metrics.fairness_summary(result, HORIZON_S, cost_function(cost), offered_cost=LinearCost())
+    fair = metrics.fairness_summary(result, TABLE_HORIZON_S, cost_function(cost), offered_cost=LinearCost())
     return {"max": round(fair.max, 1), "avg": round(fair.avg, 1), "var": round(fair.var, 1), "throughput": round(metrics.throughput(result), 1)}
 
 

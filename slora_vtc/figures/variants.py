@@ -6,6 +6,7 @@ from pathlib import Path
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results, run_numbers
 from slora_vtc.figures.plot import panels, save, service_difference_panel, service_rate_panel
+from slora_vtc.sched import scheduler_weights
 from slora_vtc.suites import SUITES
 
 LENGTHS = (256, 512, 768)
@@ -41,7 +42,8 @@ def _weighted() -> Figure:
         service_rate_panel(axes[1], results[weighted], suite.duration, "weighted VTC, weights 1:2:3:4")
         fig.suptitle(f"{suite.description} (paper Fig 16)")
         save(fig, out / "weighted.png")
-        numbers = {"vtc": run_numbers(results[plain], suite.duration), "wvtc": run_numbers(results[weighted], suite.duration)}
+        weights = scheduler_weights(weighted.scheduler, list(SUITES[suite.name].workload().clients))
+        numbers = {"vtc": run_numbers(results[plain], suite.duration), "wvtc": run_numbers(results[weighted], suite.duration, weights=weights)}
         for key in numbers:
             rates = numbers[key]["service_rate_tok_s"]
             base = rates["client0"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.pool import KVPool
+from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.weights import LayerWeights, LlamaWeights
 
 Q, K, V, O = range(4)  # LoRA projections, in the pool's row order

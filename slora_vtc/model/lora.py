@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.pool import KVPool
+from slora_vtc.model.spec import ModelSpec
 
 B_INIT_STD = 0.02  # dummy adapters: B is not zero (as in training) so that they change the output
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from slora_vtc.model.spec import ModelSpec
 from slora_vtc.errors import UserError
-from slora_vtc.model.spec import is_folder
+from slora_vtc.model.spec import ModelSpec, is_folder
 
 INIT_STD = 0.02  # as Hugging Face initializes Llama
 

@@ -10,10 +10,9 @@ the special tokens. Decoding skips the specials and replaces invalid UTF-8.
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from slora_vtc.model.spec import ModelSpec
 from slora_vtc.errors import UserError
 from slora_vtc.hf_tokenizer import load_hf_tokenizer
-from slora_vtc.model.spec import is_folder
+from slora_vtc.model.spec import ModelSpec, is_folder
 
 BYTES = 256
 LLAMA_BYTE_OFFSET = 3

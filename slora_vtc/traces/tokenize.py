@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from slora_vtc.hf_tokenizer import load_hf_tokenizer
 
-
 Counter = Callable[[str], int]
 _PIECES = re.compile(r"[^\W\d_]+|\d|[^\w\s]|_")
 

@@ -15,7 +15,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
 from slora_vtc_kernels import BACKENDS, OP_NAMES, ops  # noqa: E402
 from slora_vtc_kernels import reference as ref  # noqa: E402
 from slora_vtc_kernels._launch import interpreted  # noqa: E402

@@ -5,17 +5,17 @@ from dataclasses import replace
 import pytest
 import torch
 from llama_util import real_engine, record_logits, request, tiny_backend
+from slora_vtc_kernels import reference
 
 from slora_vtc.backends.llama import LlamaBackend
-from slora_vtc.model.spec import get_model_spec
 from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Llama
 from slora_vtc.model.lora import LoraWeights, adapter_slots, dummy_adapter, projection_dims, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
+from slora_vtc.model.spec import get_model_spec
 from slora_vtc.model.weights import LlamaWeights
 from slora_vtc.request import State
-from slora_vtc_kernels import reference
 
 SPEC = get_model_spec("tiny")
 RANK, SCALE = 4, 0.5

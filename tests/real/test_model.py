@@ -6,18 +6,17 @@ import pytest
 import torch
 from llama_util import TINY_HF, real_engine, record_logits, request, save_hf_llama, tiny_backend
 from safetensors.torch import load_file, save_file
+from slora_vtc_kernels import reference
 
-from slora_vtc.model.spec import MODEL_SPECS, get_model_spec
 from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Decode, Llama, Prefill
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.sampling import SamplingParams, sample
-from slora_vtc.model.spec import resolve_spec
+from slora_vtc.model.spec import MODEL_SPECS, get_model_spec, resolve_spec
 from slora_vtc.model.weights import dummy_weights, load_weights
 from slora_vtc.realrun import generate
 from slora_vtc.request import State
-from slora_vtc_kernels import reference
 
 PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11, 16, 23], [5]]
 NEW_TOKENS = [9, 6, 12, 4]  # ragged in time too: the decode batch shrinks as requests finish

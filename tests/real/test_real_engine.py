@@ -4,13 +4,12 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 from conftest import assert_clean
 from llama_util import real_engine, record_logits, request, tiny_backend
 
-from slora_vtc.clock import WallClock
 from slora_vtc.cli import main
+from slora_vtc.clock import WallClock
 from slora_vtc.experiment import Experiment
 from slora_vtc.model.llama import Decode
 from slora_vtc.request import State

@@ -1,10 +1,9 @@
 """The paper's LMSYS trace on the simulator: the real-trace claims, and the replay / trace CLI."""
 
-from pathlib import Path
 
 import pytest
-
 from conftest import ARENA_FIXTURE, lmsys_trace
+
 from slora_vtc import metrics
 from slora_vtc.cli import main
 from slora_vtc.experiment import Experiment, run_experiment

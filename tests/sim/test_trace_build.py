@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import ARENA_FIXTURE
+
 from slora_vtc.cli import main
 from slora_vtc.errors import UserError
 from slora_vtc.results import read_results

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import ARENA_FIXTURE, lmsys_trace
+
 from slora_vtc.errors import UserError
 from slora_vtc.traces import read_trace, trace_workload, write_trace
-from slora_vtc.workload import RequestSpec
 from slora_vtc.traces.build import MAX_LEN, build_trace, chats, load_raw
 from slora_vtc.traces.tokenize import approx_count
+from slora_vtc.workload import RequestSpec
 
 FIXTURE = ARENA_FIXTURE
 
