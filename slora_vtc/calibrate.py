@@ -31,10 +31,10 @@ MIN_REQUESTS = 20  # per-client latency is compared for clients with at least th
 TOKENS = LinearCost(1.0, 1.0)  # prompt + output tokens, to measure a steady-state token rate
 
 
-def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000) -> RunResult:
+def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000, added_tokens: int = ADDED_TOKENS) -> RunResult:
     """The measured run's own requests (clients, lengths, send times) served by the simulator."""
     workload = workload_from_result("measured", measured)
-    requests = workload.requests(ADDED_TOKENS)
+    requests = workload.requests(added_tokens)
     total = serve_requests(requests, build_scheduler(scheduler, list(workload.clients)), EngineConfig(pool_tokens=pool_tokens), SimBackend(model))
     return RunResult.of({"duration": workload.duration}, requests, total)
 
@@ -91,8 +91,8 @@ class Comparison:
         return {c: s / m - 1 for c, (m, s) in self.ttft.items()}
 
 
-def compare(model: StepTimeModel, measured: RunResult, scheduler: str) -> Comparison:
-    simulated = replay(model, measured, scheduler)
+def compare(model: StepTimeModel, measured: RunResult, scheduler: str, added_tokens: int = ADDED_TOKENS) -> Comparison:
+    simulated = replay(model, measured, scheduler, added_tokens=added_tokens)
     duration = float(measured.config.get("duration", measured.array("req_time").max()))
     return Comparison(
         (metrics.throughput(measured), metrics.throughput(simulated)),

@@ -49,6 +49,8 @@ class Numbers:
             raise UserError(f"{where}: number '{key}' names no source (known: {', '.join(SOURCES)})")
         value = self._file(source)
         for part in path.split("/"):
+            if isinstance(value, dict) and part not in value and "value" in value:  # the paper's entries: descend into the value
+                value = value["value"]
             if isinstance(value, dict) and part in value:
                 value = value[part]
             elif isinstance(value, list) and part.isdigit() and int(part) < len(value):

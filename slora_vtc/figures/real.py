@@ -19,6 +19,7 @@ from slora_vtc.results import RunResult
 DURATION = 600.0
 TICKS = np.arange(0, DURATION + 1, 6.0)
 RPM_LIMITS = (5, 10, 15, 20, 30)
+LIGHT = 60  # clients with fewer requests than this in the trace are "light"
 
 
 def short(client: str) -> str:
@@ -48,6 +49,14 @@ def _experiments(*schedulers: str, cost: str = "linear") -> dict[str, Experiment
     return {s: Experiment(suite="real", scheduler=s, cost=cost) for s in schedulers}
 
 
+def trace_stats(result: RunResult) -> dict:
+    """What the paper states about its trace: average and range of the prompt and output lengths."""
+    prompt, output = result.array("prompt_len"), result.array("output_len")
+    return {"requests": len(prompt), "clients": len(result.clients), "avg_input": round(float(prompt.mean()), 1),
+            "avg_output": round(float(output.mean()), 1), "input_range": [int(prompt.min()), int(prompt.max())],
+            "output_range": [int(output.min()), int(output.max())]}
+
+
 def _response_figure(name: str, figure: str, title: str, runs: dict[str, Experiment], all_clients: bool = False) -> Figure:
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(len(runs), rows=1 if len(runs) < 4 else 2)
@@ -56,7 +65,8 @@ def _response_figure(name: str, figure: str, title: str, runs: dict[str, Experim
             response_panel(ax, results[exp], label.upper(), clients)
         fig.suptitle(f"{title} (paper Fig {figure})")
         save(fig, out / f"{name}.png")
-        return {label: _trace_numbers(results[exp], cost_function(exp.cost)) for label, exp in runs.items()}
+        first = results[next(iter(runs.values()))]
+        return {"trace": trace_stats(first)} | {label: _trace_numbers(results[exp], cost_function(exp.cost)) for label, exp in runs.items()}
 
     return Figure(name, figure, title, tuple(runs.values()), draw)
 
@@ -65,7 +75,20 @@ def _trace_numbers(result: RunResult, cost) -> dict:
     numbers = run_numbers(result, DURATION, cost)
     slowest = max(numbers["mean_response_s"].items(), key=lambda kv: kv[1])
     return {**numbers, "worst_client_mean_response_s": round(slowest[1], 1),
-            "mean_response_all_s": round(metrics.mean_response_time(result), 2)}
+            "mean_response_all_s": round(metrics.mean_response_time(result), 2), **_second_half(result)}
+
+
+def _second_half(result: RunResult) -> dict:
+    """Waits of requests sent in the overloaded second half: light clients (< LIGHT requests) and the rest."""
+    clients, sent = result.array("client"), result.array("req_time")
+    late = (sent > DURATION / 2) & (result.array("status") == "finished")
+    counts = Counter(clients)
+    light = np.array([counts[c] < LIGHT for c in clients])
+    ttft = result.array("first_token_latency")
+    per_light = [ttft[late & (clients == c)].mean() for c in result.clients if counts[c] < LIGHT and (late & (clients == c)).any()]
+    return {"second_half": {"light_clients": len(per_light), "light_mean_s": round(float(ttft[late & light].mean()), 1),
+                            "light_worst_client_s": round(float(max(per_light)), 1),
+                            "busy_mean_s": {c: round(float(ttft[late & (clients == c)].mean()), 1) for c in result.clients if counts[c] >= LIGHT}}}
 
 
 def _rpm_throughput() -> Figure:

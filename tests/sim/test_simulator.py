@@ -11,6 +11,7 @@ from slora_vtc import metrics
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, SimBackend, StepTimeModel
 from slora_vtc.calibrate import calibrate, compare, first_run, replay
 from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.figures.calibration import prefill_batches
 from slora_vtc.profile import load_profile
 
 
@@ -50,13 +51,6 @@ def test_each_testbed_is_what_calibration_measures_on_its_reference_run(paper_re
     assert calibrate(base, first_run(paper_results(measured)), scheduler) == TESTBEDS[testbed]
 
 
-def prefill_events(result, gap_s: float = 0.005) -> list[int]:
-    """Sizes of the prefill batches, in order: requests whose first tokens came within gap_s of each other."""
-    starts = np.sort(result.array("req_time") + result.array("first_token_latency"))
-    cuts = np.flatnonzero(np.diff(starts) > gap_s)
-    return np.diff(np.concatenate([[0], cuts + 1, [len(starts)]])).tolist()
-
-
 @pytest.mark.parametrize("added, matching", [(1, 325), (0, 8)])
 def test_the_server_sees_each_prompt_one_token_longer(paper_results, monkeypatch, added, matching):
     """The artifact's client sends prompt_len words and its server puts a BOS in front. With that
@@ -64,7 +58,7 @@ def test_the_server_sees_each_prompt_one_token_longer(paper_results, monkeypatch
     all 325 of them in order (256-token prompts: 11 per mini-batch of at most 3072 tokens, not 12)."""
     measured = first_run(paper_results("vtc_overload.jsonl"))
     monkeypatch.setattr(calibrate_module, "ADDED_TOKENS", added)
-    ours, theirs = prefill_events(replay(TESTBEDS["a10g-2024"], measured, "vtc")), prefill_events(measured)
+    ours, theirs = prefill_batches(replay(TESTBEDS["a10g-2024"], measured, "vtc")), prefill_batches(measured)
     assert len(theirs) == 325
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     assert same == matching
@@ -72,7 +66,7 @@ def test_the_server_sees_each_prompt_one_token_longer(paper_results, monkeypatch
 
 def test_the_fcfs_run_matches_its_prefill_batches_until_its_own_irregularity(paper_results):
     measured = first_run(paper_results("fcfs_overload.jsonl"))
-    ours, theirs = prefill_events(replay(TESTBEDS["a10g-2023"], measured, "fcfs")), prefill_events(measured)
+    ours, theirs = prefill_batches(replay(TESTBEDS["a10g-2023"], measured, "fcfs")), prefill_batches(measured)
     assert ours[:276] == theirs[:276]
 
 
