@@ -149,6 +149,20 @@ def target_checks(results: dict) -> list[dict]:
     return checks
 
 
+def by_name(results: dict) -> dict:
+    """The rows keyed by what they measure, for the docs to quote (benchmarks/README.md)."""
+    keyed = {
+        "sim": {f"{r['suite']} {r['scheduler']}": r for r in results.get("sim", [])},
+        "select": {f"{r['scheduler']} {r['clients']}": r for r in results.get("select", [])},
+        "try_add": {str(r["running"]): r for r in results.get("try_add", [])},
+        "decode": {f"{r['scheduler']} {r['running']}": r for r in results.get("decode", [])},
+    }
+    vtc = keyed["select"]
+    if "vtc 10" in vtc and "vtc 10000" in vtc:
+        keyed["vtc_growth"] = vtc["vtc 10000"]["us_per_admitted"] / vtc["vtc 10"]["us_per_admitted"]
+    return keyed
+
+
 # -- output ---------------------------------------------------------------------------------
 def print_table(title: str, headers: list[str], rows: list[list]) -> None:
     cells = [headers] + [[str(c) for c in row] for row in rows]
@@ -244,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = SECTIONS[name](settings)
         results.setdefault("measured_at", {})[name] = results["machine"]["date"]
     results["targets"] = target_checks(results)
+    results["by_name"] = by_name(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print_results(results)
