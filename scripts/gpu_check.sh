@@ -72,8 +72,8 @@ step() {
 }
 
 step environment 30 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"cuda\", torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
-step kernel_tests 100 "$PY" -m pytest -q -rs tests/test_kernels.py --junitxml="$OUT/kernel_tests.xml"
-step model_tests 60 "$PY" -m pytest -q -rs tests/test_real_triton.py --junitxml="$OUT/model_tests.xml"
+step kernel_tests 100 "$PY" -m pytest -q -rs tests/kernels/test_kernels.py --junitxml="$OUT/kernel_tests.xml"
+step model_tests 60 "$PY" -m pytest -q -rs tests/real/test_real_triton.py --junitxml="$OUT/model_tests.xml"
 if [ -f kernels/bench.py ]; then
     step kernel_bench 60 "$PY" kernels/bench.py --out "$OUT/kernel_bench.json"
 else

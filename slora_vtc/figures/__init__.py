@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slora_vtc.data import data_file
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.figures.base import Figure, Results
@@ -48,6 +49,8 @@ def run_all(experiments: list[Experiment], jobs: int) -> Results:
 def render_figures(names: list[str] | None, out: Path, jobs: int = 0) -> list[Path]:
     """Regenerate figures into `out`; their key numbers are merged into out/numbers.json."""
     figures = select(names)
+    for path in {p for f in figures for p in f.inputs}:
+        data_file(path)  # a missing input is an error now, not after minutes of experiments
     out.mkdir(parents=True, exist_ok=True)
     results = run_all([e for f in figures for e in f.experiments], jobs or os.cpu_count() or 1)
     numbers_path = out / NUMBERS_FILE

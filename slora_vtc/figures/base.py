@@ -21,6 +21,7 @@ class Figure:
     title: str
     experiments: tuple[Experiment, ...]
     draw: Callable[[Results, Path], dict]  # writes out/<name>.png, returns the numbers it shows
+    inputs: tuple[str, ...] = ()  # shipped data files it reads (slora_vtc.data), checked before anything runs
 
 
 TABLE_HORIZON_S = 600.0  # the artifact's fairness tables cut every run at 600 s, the 360 s ones too

@@ -9,6 +9,7 @@ import numpy as np
 
 import slora_vtc.calibrate as calibration
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, StepTimeModel
+from slora_vtc.data import MEASURED
 from slora_vtc.figures.base import Figure, Results
 from slora_vtc.figures.synthetic import measured_run
 
@@ -60,4 +61,5 @@ def draw(results: Results, out: Path) -> dict:
     return numbers
 
 
-FIGURES = [Figure("calibration", "-", "the simulator's calibration on the measured runs (numbers only)", (), draw)]
+FIGURES = [Figure("calibration", "-", "the simulator's calibration on the measured runs (numbers only)", (), draw,
+                  tuple(f"{MEASURED}/{file}" for file, _ in REFERENCES.values()))]

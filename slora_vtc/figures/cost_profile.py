@@ -63,4 +63,4 @@ def _decode_over_prefill(points) -> dict:
     return ratios
 
 
-FIGURES = [Figure("cost_profile", "17", "cost profile, step-time model and profiled cost h", (), draw)]
+FIGURES = [Figure("cost_profile", "17", "cost profile, step-time model and profiled cost h", (), draw, (A10G_PROFILE,))]

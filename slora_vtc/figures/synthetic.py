@@ -5,6 +5,7 @@ dashed beside ours for the suite the artifact measured (overload)."""
 from dataclasses import dataclass
 from pathlib import Path
 
+from slora_vtc.data import MEASURED
 from slora_vtc.data import measured_run as measured_file
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results, run_numbers
@@ -65,7 +66,8 @@ def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, d
             numbers[label] = {**run_numbers(results[exp], exp.workload().duration), "testbed": exp.testbed}
         return numbers
 
-    return Figure(suite_name, suite.figure, suite.description, (*experiments.values(), *extra.values()), draw)
+    inputs = tuple(f"{MEASURED}/{m.file}" for m in measured.values())
+    return Figure(suite_name, suite.figure, suite.description, (*experiments.values(), *extra.values()), draw, inputs)
 
 
 FIGURES = [

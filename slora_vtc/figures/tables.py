@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slora_vtc import metrics
 from slora_vtc.cost import LinearCost
-from slora_vtc.data import PAPER_REPORTED, data_file
+from slora_vtc.data import MEASURED, PAPER_REPORTED, data_file
 from slora_vtc.experiment import Experiment, cost_function
 from slora_vtc.figures.base import TABLE_HORIZON_S, Figure, Results
 from slora_vtc.figures.synthetic import measured_run
@@ -19,7 +19,7 @@ from slora_vtc.figures.synthetic import measured_run
 WORKLOADS = {"real": None, "overload": 360.0, "overload_multi": None}  # durations: the suite's unless given
 SCHEDULERS = ("vtc", "fcfs", "lcf", "rpm:30", "rpm:20", "rpm:5", "vtc-oracle", "vtc-pred:0.5", "vtc-avg")
 COST_BLIND = ("fcfs", "rpm")  # schedulers that never look at the cost function: one run serves both costs
-MEASURED = {"overload": ("vtc", "vtc_overload.jsonl")}  # the artifact's measured run of a table's workload
+MEASURED_RUNS = {"overload": ("vtc", "vtc_overload.jsonl")}  # the artifact's measured run of a table's workload
 COLUMNS = ("max", "avg", "var", "throughput")
 
 
@@ -63,8 +63,8 @@ def _tables() -> Figure:
         for cost in ("linear", "profile"):
             for suite in WORKLOADS:
                 rows = {s: row(results[runs[suite, s, cost]], cost) for s in SCHEDULERS}
-                if suite in MEASURED:
-                    scheduler, file = MEASURED[suite]
+                if suite in MEASURED_RUNS:
+                    scheduler, file = MEASURED_RUNS[suite]
                     if cost == "linear" or scheduler.split(":")[0] in COST_BLIND:
                         rows[f"{scheduler} (artifact, measured)"] = row(measured_run(file), cost)
                 paper = paper_table2 if (suite, cost) == ("real", "linear") else {}
@@ -75,8 +75,9 @@ def _tables() -> Figure:
         (out / "fairness_tables.md").write_text("\n".join(sections))
         return numbers
 
+    inputs = (PAPER_REPORTED, *(f"{MEASURED}/{file}" for _, file in MEASURED_RUNS.values()))
     return Figure("fairness_tables", "tables", "the fairness tables: real, overload, overload-multi; linear and profiled cost",
-                  tuple(runs.values()), draw)
+                  tuple(runs.values()), draw, inputs)
 
 
 FIGURES = [_tables()]

@@ -114,3 +114,75 @@ def test_missing_real_engine_package_is_a_one_line_error(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "torch is missing" in err and "requirements-real.txt" in err
+
+
+# -- what a new user hit (issue: stand alone) ------------------------------------------------------
+def test_compare_takes_specs_separated_by_spaces_even_with_commas_inside(capsys):
+    code, out, err = run_cli(capsys, "compare", "--suite", "overload_weighted", "--schedulers", "vtc", "fcfs", "wvtc:1,2,3,4",
+                             "--duration", "30")
+    assert code == 0, err
+    assert [row[0] for row in table_rows(out)] == ["vtc", "fcfs", "wvtc:1,2,3,4"]
+    code, out, _ = run_cli(capsys, "compare", "--suite", "overload_weighted", "--schedulers", "vtc,wvtc:1,2,3,4", "--duration", "30")
+    assert code == 0 and [row[0] for row in table_rows(out)] == ["vtc", "wvtc:1,2,3,4"]
+
+
+def test_the_weighted_scheduler_row_reports_the_weighted_difference(capsys):
+    from slora_vtc import metrics
+    from slora_vtc.experiment import Experiment, run_experiment
+
+    code, out, _ = run_cli(capsys, "compare", "--suite", "overload_weighted", "--schedulers", "wvtc:1,2,3,4", "--duration", "120")
+    result = run_experiment(Experiment(suite="overload_weighted", scheduler="wvtc:1,2,3,4", duration=120))
+    weighted = metrics.fairness_summary(result, 120, weights={f"client{i}": i + 1.0 for i in range(4)})
+    plain = metrics.fairness_summary(result, 120)
+    (row,) = table_rows(out)
+    assert float(row[2]) == pytest.approx(weighted.avg, abs=0.05) and abs(weighted.avg - plain.avg) > 10
+    assert "service / weight" in out
+
+
+def test_tables_fit_80_columns_and_name_their_units(capsys):
+    code, out, _ = run_cli(capsys, "compare", "--suite", "overload", "--schedulers", "vtc", "vtc-pred:0.5", "wvtc:1,2", "--duration", "30")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote")) <= 80
+    assert "arrivals over 30 s" in out and "pool 10000 tokens" in out
+    assert "time to first token" in out and "service/s" in out and "tokens served per second" in out
+
+
+def test_list_piped_into_head_is_not_an_error():
+    proc = subprocess.run(f"{sys.executable} -m slora_vtc list | head -2", shell=True, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "" and len(proc.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--trace", "t.jsonl"], "--trace applies only to trace suites"),
+    (["replay", ".", "--scheduler", "vtc"], "is a directory; replay takes a trace file"),
+    (["calibrate", "--measured", "empty.jsonl"], "empty.jsonl: no run in this result file (it is empty)"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--testbed", "nope"], "unknown testbed 'nope'"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--backend", "torch", "--testbed", "a10g-2023"], "--testbed applies to the simulator"),
+])
+def test_silent_or_crashing_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    code, _, err = run_cli(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+
+
+def test_a_figure_whose_data_is_missing_is_an_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLORA_VTC_DATA", str(tmp_path))
+    code, _, err = run_cli(capsys, "figures", "--only", "cost_profile", "--out", str(tmp_path / "figs"))
+    assert code == 2 and "profiles/a10g_llama7b.json is missing" in err and len(err.strip().splitlines()) == 1
+
+
+def test_result_files_are_named_after_what_differs(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trace = tmp_path / "mine.jsonl"
+    trace.write_text('{"client": "a", "prompt_len": 10, "output_len": 5, "req_time": 0}\n')
+    runs = [("run", "--suite", "overload", "--scheduler", "vtc", "--duration", "20"),
+            ("run", "--suite", "overload", "--scheduler", "vtc", "--duration", "20", "--cost", "profile"),
+            ("run", "--suite", "overload", "--scheduler", "wvtc:1,2", "--duration", "20", "--testbed", "a10g-2023"),
+            ("replay", str(trace), "--scheduler", "vtc")]
+    for argv in runs:
+        assert run_cli(capsys, *argv)[0] == 0
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "overload_vtc_duration-20.0.jsonl", "overload_vtc_duration-20.0_cost-profile.jsonl",
+        "overload_wvtc-1_2_duration-20.0_testbed-a10g-2023.jsonl", "replay-mine_vtc.jsonl"]

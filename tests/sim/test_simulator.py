@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from conftest import a10g_profile, req
 
-import slora_vtc.calibrate as calibrate_module
 from slora_vtc import metrics
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, SimBackend, StepTimeModel
 from slora_vtc.calibrate import calibrate, compare, first_run, replay
@@ -52,13 +51,12 @@ def test_each_testbed_is_what_calibration_measures_on_its_reference_run(paper_re
 
 
 @pytest.mark.parametrize("added, matching", [(1, 325), (0, 8)])
-def test_the_server_sees_each_prompt_one_token_longer(paper_results, monkeypatch, added, matching):
+def test_the_server_sees_each_prompt_one_token_longer(paper_results, added, matching):
     """The artifact's client sends prompt_len words and its server puts a BOS in front. With that
     one token the simulator admits the measured VTC run's requests in the measured prefill batches,
     all 325 of them in order (256-token prompts: 11 per mini-batch of at most 3072 tokens, not 12)."""
     measured = first_run(paper_results("vtc_overload.jsonl"))
-    monkeypatch.setattr(calibrate_module, "ADDED_TOKENS", added)
-    ours, theirs = prefill_batches(replay(TESTBEDS["a10g-2024"], measured, "vtc")), prefill_batches(measured)
+    ours, theirs = prefill_batches(replay(TESTBEDS["a10g-2024"], measured, "vtc", added_tokens=added)), prefill_batches(measured)
     assert len(theirs) == 325
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     assert same == matching
