@@ -115,9 +115,12 @@ def _parse_response(where: str, raw: dict) -> Response:
     if missing:
         raise UserError(f"{where}: missing field '{missing[0]}'")
     try:
+        first = float(raw["first_token_latency"])
+        # the artifact writes no status: a request it never served (an RPM refusal) has latency -1
+        status = str(raw.get("status", "finished" if first >= 0 else "rejected"))
         return Response(
             str(raw["client"]), int(raw["prompt_len"]), int(raw["output_len"]), float(raw["req_time"]),
-            float(raw["first_token_latency"]), float(raw["request_latency"]), str(raw.get("status", "finished")),
+            first, float(raw["request_latency"]), status,
         )
     except (TypeError, ValueError):
         raise UserError(f"{where}: a numeric field is not a number") from None

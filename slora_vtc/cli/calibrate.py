@@ -10,8 +10,8 @@ from slora_vtc.errors import UserError
 def cmd_calibrate(args) -> int:
     import pandas as pd
 
-    from slora_vtc.backends.sim import StepTimeModel, save_testbed
-    from slora_vtc.calibrate import calibrate, compare, first_run
+    from slora_vtc.backends.sim import StepTimeModel, load_testbed, save_testbed
+    from slora_vtc.calibrate import MIN_REQUESTS, calibrate, compare, first_run
     from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
     from slora_vtc.profile import load_profile
 
@@ -20,6 +20,8 @@ def cmd_calibrate(args) -> int:
     if len(args.scheduler) > len(measured):
         raise UserError(f"{len(args.scheduler)} --scheduler values for {len(measured)} measured runs")
     schedulers = [*args.scheduler, *(_guess_scheduler(m) for m in measured[len(args.scheduler):])]
+    if args.testbed and args.out:
+        raise UserError("--out writes a calibrated testbed; with --testbed nothing is calibrated")
     points = load_profile(profile)
     model = StepTimeModel.fit(points)
     print(f"profile: {profile}")
@@ -35,14 +37,20 @@ def cmd_calibrate(args) -> int:
     rms = (table[["prefill err %", "decode err %"]] ** 2).mean() ** 0.5
     print(f"rms: prefill {rms['prefill err %']:.1f}%, decode {rms['decode err %']:.1f}%")
     runs = [first_run(m) for m in measured]
-    testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), runs[0], schedulers[0])
-    print(f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
-          f"cold start {testbed.cold_start_s:.2f} s")
+    if args.testbed:
+        testbed = load_testbed(args.testbed)
+        print(f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, cold start {testbed.cold_start_s:.2f} s (not refitted)")
+    else:
+        testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), runs[0], schedulers[0])
+        print(f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
+              f"cold start {testbed.cold_start_s:.2f} s")
     for path, run, scheduler in zip(measured, runs, schedulers):
         c = compare(testbed, run, scheduler)
         worst = max(c.ttft_errors().items(), key=lambda kv: abs(kv[1]), default=("-", 0.0))
+        share = max((abs(m - s) for m, s in c.share.values()), default=0.0)
         print(f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, simulated {c.throughput[1]:.1f} tokens/s "
-              f"({c.throughput_error:+.1%}); worst per-client mean TTFT error {worst[1]:+.1%} ({worst[0]})")
+              f"({c.throughput_error:+.1%}); service shares within {100 * share:.2f} points; worst per-client mean TTFT "
+              f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)")
     if args.out:
         save_testbed(testbed, args.out)
         print(f"wrote {args.out} (use it with --testbed {args.out})")
@@ -60,5 +68,6 @@ def add_parsers(sub) -> None:
     cal.add_argument("--measured", action="append", default=[],
                      help="a measured result file (repeatable); the first calibrates the testbed (default: data/measured/)")
     cal.add_argument("--scheduler", action="append", default=[], help="scheduler each measured run used, in order (default: from its name)")
+    cal.add_argument("--testbed", help="compare the measured runs with this testbed (a name or a file) instead of calibrating one")
     cal.add_argument("--out", help="write the calibrated testbed here (a JSON file `--testbed FILE` reads)")
     cal.set_defaults(func=cmd_calibrate)

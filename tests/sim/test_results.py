@@ -49,6 +49,16 @@ def test_reads_the_artifacts_files(paper_results):
     assert len(fcfs.responses) == 2700
 
 
+def test_an_artifact_response_never_served_reads_as_rejected(tmp_path):
+    """The artifact writes no status; its RPM runs mark a refused request with latency -1."""
+    served = {"adapter_dir": "a", "prompt_len": 3, "output_len": 2, "req_time": 0.0, "first_token_latency": 0.5, "request_latency": 1.0}
+    refused = {**served, "req_time": 0.1, "first_token_latency": -1, "request_latency": -1}
+    path = write_lines(tmp_path / "artifact.jsonl", {"config": {}, "result": {"total_time": 2.0, "responses": [served, refused]}})
+    (result,) = read_results(path)
+    assert [r.status for r in result.responses] == ["finished", "rejected"]
+    assert result.count("finished") == 1
+
+
 def test_clients_sort_numerically():
     result = result_of([(c, 1, 1, 0.0, 1.0, 1.0) for c in ("client10", "client2", "zeta", "client0")], 1.0)
     assert result.clients == ["client0", "client2", "client10", "zeta"]
