@@ -1,4 +1,4 @@
-"""Service cost functions h(x, y): x input tokens, y output tokens (DESIGN section 3).
+"""Service cost functions h(x, y): x input tokens, y output tokens (docs/design.md, "Schedulers").
 
 The schedulers charge h(x, 0) at admission and h(x, n) - h(x, n - 1) for the n-th output token;
 the metrics measure service with the same function, so both always agree.

@@ -1,4 +1,4 @@
-"""The continuous-batching loop of S-LoRA's router (DESIGN section 2).
+"""The continuous-batching loop of S-LoRA's router (docs/design.md, "The engine loop").
 
 Prefill and decode run as separate forward passes, without preemption. When nothing runs, the
 scheduler picks a batch. Otherwise the engine decodes, and every `max_wait_steps` decode steps

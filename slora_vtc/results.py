@@ -1,4 +1,4 @@
-"""Result files (DESIGN section 8): one JSON line per run, also readable from the artifact's files."""
+"""Result files (docs/design.md, "Result files"): one JSON line per run, also readable from the artifact's files."""
 
 import json
 from dataclasses import asdict, dataclass

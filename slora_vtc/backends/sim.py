@@ -1,14 +1,16 @@
-"""The simulated backend: step times from a model fitted to a measured cost profile (DESIGN 4).
+"""The simulated backend: step times from a model fitted to a measured cost profile, plus what a
+testbed's serving path adds (docs/design.md, "The simulator and its calibration").
 
 prefill(batch) = a + b * requests + c * prompt_tokens + overhead
 decode(batch)  = d + e * max(0, requests - knee) + f * context_tokens + overhead   (one step)
+and once, on the first forward pass after start-up, + cold_start.
 
 A decode step costs about the same for any batch up to the knee (reading the weights dominates),
-then grows with the batch; the A10G profile puts the knee near 34 requests. The coefficients are
-fitted by least squares on relative error to the profile's per-batch totals (the knee by search).
-The profile times the model's forward pass alone; `overhead` is what a serving stack adds to every
-forward pass (scheduling, detokenization, IPC), estimated from one measured run by `calibrate.py`.
-The same model then serves every figure: nothing is tuned per figure.
+then grows with the batch. a to f are fitted by least squares on relative error to the profile's
+per-batch totals, the knee's position by search; the knee's form itself was chosen after comparing
+with the artifact's measured VTC run. The profile times the model alone: `overhead` (per forward
+pass) and `cold_start` are a testbed's, measured by slora_vtc.calibrate on one measured run of
+that testbed's session. Nothing is tuned per figure.
 """
 
 import json

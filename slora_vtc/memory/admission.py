@@ -1,4 +1,4 @@
-"""The admission check every scheduler shares (S-LoRA's router, DESIGN section 2).
+"""The admission check every scheduler shares (S-LoRA's router; docs/design.md, "The memory pool and the admission check").
 
 Each request is a pair (tokens held now, tokens still to generate). Sorted by tokens to generate,
 descending, the pool must hold max_i(to_generate[i] * (i + 1) + cumulative_held[i]) tokens at

@@ -1,4 +1,4 @@
-"""The real Llama model over the unified pool (DESIGN section 5).
+"""The real Llama model over the unified pool (docs/design.md, "Backends").
 
 spec.py      which model a name or Hugging Face folder means (torch-free)
 weights.py   dummy weights from a ModelSpec, or a folder's safetensors

@@ -1,4 +1,4 @@
-"""The Llama forward pass over the unified pool (DESIGN section 5).
+"""The Llama forward pass over the unified pool (docs/design.md, "Backends").
 
 x = embed(tokens); per layer: x += attention(rms_norm(x)); x += mlp(rms_norm(x));
 logits = lm_head(rms_norm(x)) at each request's last token.

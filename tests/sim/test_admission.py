@@ -1,4 +1,4 @@
-"""The admission check every scheduler shares (DESIGN section 2), against hand-computed cases."""
+"""The admission check every scheduler shares (docs/design.md, "The memory pool and the admission check"), against hand-computed cases."""
 
 from itertools import accumulate
 
@@ -114,7 +114,7 @@ def test_fits_alone():
 
 
 def brute_force_need(pairs):
-    """pairs: (held, to_generate); the DESIGN formula, written out plainly."""
+    """pairs: (held, to_generate); docs/design.md's formula, written out plainly."""
     pairs = sorted(pairs, key=lambda p: -p[1])
     cum = list(accumulate(h for h, _ in pairs))
     return max(t * (i + 1) + cum[i] for i, (_, t) in enumerate(pairs))

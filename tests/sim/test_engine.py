@@ -1,4 +1,4 @@
-"""The continuous-batching loop (DESIGN section 2) on a fixed-time backend and a virtual clock.
+"""The continuous-batching loop (docs/design.md, "The engine loop") on a fixed-time backend and a virtual clock.
 
 FixedBackend: every prefill takes 1.0 s, every decode step 0.1 s.
 """

@@ -1,4 +1,4 @@
-"""Result files (DESIGN section 8) and cost-profile files: round trips and clear errors."""
+"""Result files (docs/design.md, "Result files") and cost-profile files: round trips and clear errors."""
 
 import json
 

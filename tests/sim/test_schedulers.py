@@ -1,4 +1,4 @@
-"""Each scheduler on small cases worked out by hand (DESIGN section 3)."""
+"""Each scheduler on small cases worked out by hand (docs/design.md, "Schedulers")."""
 
 import pytest
 from conftest import config, make_engine, req

@@ -1,4 +1,4 @@
-"""Workload generators (DESIGN section 6): seeded, exact counts, the artifact's arrival times."""
+"""Workload generators (docs/design.md, "Workloads"): seeded, exact counts, the artifact's arrival times."""
 
 from collections import Counter
 
