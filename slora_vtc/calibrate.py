@@ -96,15 +96,11 @@ def compare(model: StepTimeModel, measured: RunResult, scheduler: str, added_tok
     duration = float(measured.config.get("duration", measured.array("req_time").max()))
     return Comparison(
         (metrics.throughput(measured), metrics.throughput(simulated)),
-        {c: (_mean_ttft(measured, c), _mean_ttft(simulated, c)) for c in measured.clients
+        {c: (metrics.mean_response_time(measured, c), metrics.mean_response_time(simulated, c)) for c in measured.clients
          if (measured.array("client") == c).sum() >= MIN_REQUESTS},
         {c: (m, s) for c, m, s in zip(measured.clients, *(_shares(r, duration) for r in (measured, simulated)))},
     )
 
-
-def _mean_ttft(result: RunResult, client: str) -> float:
-    mine = (result.array("client") == client) & (result.array("status") == "finished")
-    return float(result.array("first_token_latency")[mine].mean())
 
 
 def _shares(result: RunResult, until: float) -> list[float]:

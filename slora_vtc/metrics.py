@@ -135,6 +135,7 @@ def throughput(result: RunResult) -> float:
     return float(tokens / result.total_time) if result.total_time > 0 else 0.0
 
 
-def mean_response_time(result: RunResult) -> float:
-    served = _served(result)
+def mean_response_time(result: RunResult, client: str | None = None) -> float:
+    """Mean time to first token of the finished requests (of one client, if given); NaN if none."""
+    served = _served(result) if client is None else _served(result) & (result.array("client") == client)
     return float(result.array("first_token_latency")[served].mean()) if served.any() else float("nan")

@@ -37,8 +37,7 @@ def run_numbers(result: RunResult, duration: float, cost: CostFunction = LinearC
     ticks = metrics.synthetic_ticks(duration, per=20)
     diff = metrics.service_difference(result, ticks, cost)
     curves = metrics.response_time(result, metrics.synthetic_ticks(duration))
-    times = {c: float(np.mean(result.array("first_token_latency")[(result.array("client") == c) & (result.array("status") == "finished")]))
-             for c in clients}
+    times = {c: metrics.mean_response_time(result, c) for c in clients}
     return {
         "duration_s": duration,
         "throughput_tok_s": round(metrics.throughput(result), 1),

@@ -59,7 +59,7 @@ def _decode_over_prefill(points) -> dict:
     for n in (64, 128, 256):
         decode_only, prefill_only = by_shape.get((8, n)), by_shape.get((n, 1))
         if decode_only and prefill_only:
-            ratios[n] = round(decode_only.decode_s / prefill_only.prefill_s, 2)
+            ratios[str(n)] = round(decode_only.decode_s / prefill_only.prefill_s, 2)
     return ratios
 
 

@@ -7,26 +7,23 @@ from pathlib import Path
 
 import numpy as np
 
+from slora_vtc import metrics
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results
 from slora_vtc.figures.plot import panels, save
-from slora_vtc.figures.real import short
+from slora_vtc.figures.real import LIGHT, short
 from slora_vtc.figures.tables import row
 
 SEEDS = tuple(range(1, 13))
 JITTER_MS = 5.0
 SCHEDULERS = ("vtc", "fcfs")
-MIN_REQUESTS, LIGHT_BELOW = 20, 60  # light clients: 20 to 59 requests in the trace
+MIN_REQUESTS = 20  # light clients here: at least this many requests and fewer than LIGHT
 
-
-def _mean_ttft(result, client: str) -> float:
-    mine = (result.array("client") == client) & (result.array("status") == "finished")
-    return float(result.array("first_token_latency")[mine].mean())
 
 
 def _light_clients(result) -> list[str]:
     counts = {c: int((result.array("client") == c).sum()) for c in result.clients}
-    return [c for c, n in counts.items() if MIN_REQUESTS <= n < LIGHT_BELOW]
+    return [c for c, n in counts.items() if MIN_REQUESTS <= n < LIGHT]
 
 
 def _table_band(runs) -> dict:
@@ -45,8 +42,8 @@ def _spread() -> Figure:
         numbers = {"jitter_ms": JITTER_MS, "seeds": len(SEEDS)}
         for ax, s in zip(axes, SCHEDULERS):
             clients = _light_clients(results[single[s]])
-            runs = np.array([[_mean_ttft(results[jittered[s, seed]], c) for c in clients] for seed in SEEDS])
-            base = [_mean_ttft(results[single[s]], c) for c in clients]
+            runs = np.array([[metrics.mean_response_time(results[jittered[s, seed]], c) for c in clients] for seed in SEEDS])
+            base = [metrics.mean_response_time(results[single[s]], c) for c in clients]
             lo, hi = np.percentile(runs, 5, axis=0), np.percentile(runs, 95, axis=0)
             x = np.arange(len(clients))
             ax.vlines(x, lo, hi, color="C0", label=f"ensemble p5-p95 ({len(SEEDS)} seeds, 0-{JITTER_MS:g} ms jitter)")

@@ -20,10 +20,6 @@ WORKLOADS = ("overload", "proportional", "on_off_less", "on_off_overload", "pois
 NEW, OLD = "a10g-2024", "a10g-2023"
 
 
-def _mean_ttft(result, client: str) -> float:
-    mine = (result.array("client") == client) & (result.array("status") == "finished")
-    return float(result.array("first_token_latency")[mine].mean())
-
 
 def _sensitivity() -> Figure:
     cases = [(suite, s) for suite in WORKLOADS for s in SUITES[suite].schedulers if not s.startswith("wvtc")]
@@ -34,11 +30,11 @@ def _sensitivity() -> Figure:
         fig, axes = panels(1, width=9.0)
         for k, (suite, s) in enumerate(cases):
             new, old = results[runs[suite, s, NEW]], results[runs[suite, s, OLD]]
-            change = {c: _mean_ttft(old, c) / _mean_ttft(new, c) - 1 for c in new.clients}
+            change = {c: metrics.mean_response_time(old, c) / metrics.mean_response_time(new, c) - 1 for c in new.clients}
             axes[0].plot([k] * len(change), [100 * v for v in change.values()], "o", color="C0")
             numbers[f"{suite} {s}"] = {
                 "throughput_tok_s": {NEW: round(metrics.throughput(new), 1), OLD: round(metrics.throughput(old), 1)},
-                "mean_ttft_s": {c: {NEW: round(_mean_ttft(new, c), 2), OLD: round(_mean_ttft(old, c), 2)} for c in new.clients},
+                "mean_ttft_s": {c: {NEW: round(metrics.mean_response_time(new, c), 2), OLD: round(metrics.mean_response_time(old, c), 2)} for c in new.clients},
                 "ttft_change_pct": {c: round(100 * v, 1) for c, v in change.items()},
             }
         changes = [abs(v) for n in numbers.values() for v in n["ttft_change_pct"].values()]
