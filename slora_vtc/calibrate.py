@@ -82,6 +82,7 @@ class Comparison:
     throughput: tuple[float, float]  # tokens/s: measured, simulated
     ttft: dict[str, tuple[float, float]]  # per client with >= MIN_REQUESTS requests: mean TTFT measured, simulated
     share: dict[str, tuple[float, float]]  # per client: share of the service delivered by the end of arrivals
+    simulated: RunResult  # the simulator's run of the measured requests
 
     @property
     def throughput_error(self) -> float:
@@ -99,6 +100,7 @@ def compare(model: StepTimeModel, measured: RunResult, scheduler: str, added_tok
         {c: (metrics.mean_response_time(measured, c), metrics.mean_response_time(simulated, c)) for c in measured.clients
          if (measured.array("client") == c).sum() >= MIN_REQUESTS},
         {c: (m, s) for c, m, s in zip(measured.clients, *(_shares(r, duration) for r in (measured, simulated)))},
+        simulated,
     )
 
 

@@ -33,11 +33,9 @@ def run_label(config: dict) -> str:
 
 def summary_row(result: RunResult) -> dict:
     config = result.config
-    scheduler = config.get("scheduler", "?")
-    weights = scheduler_weights(scheduler, result.clients) if _weighted(result) else None
-    fair = metrics.fairness_summary(result, float(config.get("duration", 600)), cost_function(config.get("cost", "linear")), weights)
+    fair = metrics.fairness_summary(result, float(config.get("duration", 600)), cost_function(config.get("cost", "linear")), _weights(result))
     return {
-        "scheduler": scheduler, "diff max": fair.max, "diff avg": fair.avg, "diff var": fair.var,
+        "scheduler": config.get("scheduler", "?"), "diff max": fair.max, "diff avg": fair.avg, "diff var": fair.var,
         "tok/s": metrics.throughput(result), "TTFT s": metrics.mean_response_time(result),
         "done": result.count("finished"), "rej": result.count("rejected"), "abort": result.count("aborted"),
     }
@@ -50,10 +48,11 @@ def summary_table(results: list[RunResult]) -> str:
         raise UserError("no request finished, so there is nothing to summarise")
     rows = [summary_row(r) for r in results]
     labels = [line for label in dict.fromkeys(run_label(r.config) for r in results) for line in textwrap.wrap(label, WIDTH)]
-    legend = LEGEND + (" " + WEIGHTED if any(_weighted(r) for r in results) else "")
+    legend = LEGEND + (" " + WEIGHTED if any(_weights(r) for r in results) else "")
     return "\n".join([*labels, pd.DataFrame(rows).to_string(index=False, float_format="%.1f"), *textwrap.wrap(legend, WIDTH)])
 
 
-def _weighted(result: RunResult) -> bool:
+def _weights(result: RunResult) -> dict[str, float] | None:
+    """The client weights of a weighted scheduler's run (None for an unweighted one)."""
     scheduler = result.config.get("scheduler")
-    return bool(scheduler) and scheduler_weights(scheduler, result.clients) is not None
+    return scheduler_weights(scheduler, result.clients) if scheduler else None

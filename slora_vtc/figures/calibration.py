@@ -40,7 +40,7 @@ def _comparison(model: StepTimeModel, file: str, scheduler: str, added_tokens: i
         "largest_ttft_error_pct": round(100 * max(abs(e) for e in c.ttft_errors().values()), 1),
         "share_difference_points": round(100 * max(abs(m - s) for m, s in c.share.values()), 2),
         "prefill_batches": len(batches),
-        "prefill_batches_in_order": _in_order(prefill_batches(calibration.replay(model, measured, scheduler, added_tokens=added_tokens)), batches),
+        "prefill_batches_in_order": _in_order(prefill_batches(c.simulated), batches),
     }
 
 

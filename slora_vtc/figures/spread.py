@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from slora_vtc import metrics
+from slora_vtc.calibrate import MIN_REQUESTS  # light clients here: at least this many requests and fewer than LIGHT
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results
 from slora_vtc.figures.plot import panels, save
@@ -17,7 +18,6 @@ from slora_vtc.figures.tables import row
 SEEDS = tuple(range(1, 13))
 JITTER_MS = 5.0
 SCHEDULERS = ("vtc", "fcfs")
-MIN_REQUESTS = 20  # light clients here: at least this many requests and fewer than LIGHT
 
 
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from slora_vtc.errors import UserError
 from slora_vtc.traces.arrivals import arrival_rule, poisson_times, record_times, rescaled
-from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_kind, parquet_rows, read_input
+from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_kind, json_lines, parquet_rows, read_input
 from slora_vtc.traces.layouts import Chat, chats
 from slora_vtc.traces.tokenize import Counter
 from slora_vtc.workload import RequestSpec
@@ -96,14 +96,7 @@ def _json_records(path: Path, text: str) -> list:
         except json.JSONDecodeError as e:
             if e.msg != "Extra data":  # "Extra data": JSONL whose first record is a list, reported per line below
                 raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return records
+    return [record for _, record in json_lines(path, text)]
 
 
 def _objects(path: Path, records: list) -> list[dict]:

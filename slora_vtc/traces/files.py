@@ -4,6 +4,7 @@ recognised, so every problem becomes one UserError naming the file."""
 
 import gzip
 import io
+import json
 import zlib
 from pathlib import Path
 
@@ -88,6 +89,18 @@ def plain(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def json_lines(path: Path, text: str) -> list[tuple[int, object]]:
+    """(line number, value) of every non-blank line of a JSONL text."""
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return rows
 
 
 def json_kind(value) -> str:

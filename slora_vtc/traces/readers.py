@@ -15,7 +15,7 @@ from pathlib import Path
 from slora_vtc.errors import UserError
 from slora_vtc.results import client_sort_key
 from slora_vtc.traces.artifact_pickle import load_artifact_pickle
-from slora_vtc.traces.files import decode_text, inner_suffix, is_parquet, is_pickle, parquet_rows, read_input
+from slora_vtc.traces.files import decode_text, inner_suffix, is_parquet, is_pickle, json_lines, parquet_rows, read_input
 from slora_vtc.workload import RequestSpec, Workload
 
 FIELDS = ("client", "prompt_len", "output_len", "req_time")
@@ -40,7 +40,7 @@ def _text_rows(path: Path, text: str) -> list[tuple[int | None, dict]]:
         return [(n, row) for n, row in enumerate(csv.DictReader(text.splitlines()), start=2)]
     if suffix == ".json" and text.lstrip().startswith("{"):
         return _paper_json(path, text)
-    return [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    return json_lines(path, text)
 
 
 def _paper_json(path: Path, text: str) -> list[tuple[int | None, dict]]:
@@ -51,13 +51,6 @@ def _paper_json(path: Path, text: str) -> list[tuple[int | None, dict]]:
     if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
         raise UserError(f"{path}: expected {{'requests': [...]}} (or one JSON object per line)")
     return [(None, r) for r in data["requests"]]
-
-
-def _json_line(path: Path, lineno: int, line: str) -> dict:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
 
 
 def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[RequestSpec]:
