@@ -52,16 +52,18 @@ def variants(dtype: str, hopper: bool):
                    dict(num_warps=tiles["num_warps"]))
     yield ("decode merge", decode_attention._decode_merge_kernel, dict(PartOut="*fp32", PartLse="*fp32", Out=ptr),
            dict(HEAD_DIM=HEAD_DIM, BLOCK_D=HEAD_DIM, BLOCK_S=16), {})
-    pool = dict(Cache=ptr, LoraSlots="*i64")
-    yield ("lora shrink", lora._shrink_kernel, dict(X=ptr, Y="*fp32", AdapterIds="*i64", **pool),
-           dict(BLOCK_R=16, BLOCK_K=lora.GPU_BLOCK), {})
-    yield ("lora expand", lora._expand_kernel, dict(Y="*fp32", Out=ptr, AdapterIds="*i64", **pool),
-           dict(BLOCK_R=16, BLOCK_O=lora.GPU_BLOCK), {})
-    segments = dict(CuSeqlens="*i64", SegmentAdapters="*i64", **pool)
-    yield ("lora shrink segments", lora._shrink_segments_kernel, dict(X=ptr, Y="*fp32", **segments),
-           dict(BLOCK_T=lora.GPU_SEGMENT_BLOCK_T, BLOCK_R=16, BLOCK_K=lora.GPU_SEGMENT_BLOCK, DOT_DTYPE=dot, PRECISION=precision), {})
-    yield ("lora expand segments", lora._expand_segments_kernel, dict(Y="*fp32", Out=ptr, **segments),
-           dict(BLOCK_T=lora.GPU_SEGMENT_BLOCK_T, BLOCK_R=16, BLOCK_O=lora.GPU_SEGMENT_BLOCK, PRECISION=precision), {})
+    pool = dict(Cache=ptr, LoraSlots="*i64", Starts="*i64", Ranks="*i64", Scales="*fp32")  # LoraRows
+    for block_r in (16, 64):  # BLOCK_R: the batch's largest rank, rounded up to a power of two
+        yield (f"lora shrink R={block_r}", lora._shrink_kernel, dict(X=ptr, Y="*fp32", AdapterIds="*i64", **pool),
+               dict(BLOCK_R=block_r, BLOCK_K=lora.gpu_block(block_r)), {})
+        yield (f"lora expand R={block_r}", lora._expand_kernel, dict(Y="*fp32", Out=ptr, AdapterIds="*i64", **pool),
+               dict(BLOCK_R=block_r, BLOCK_O=lora.gpu_block(block_r)), {})
+        segments = dict(CuSeqlens="*i64", SegmentAdapters="*i64", **pool)
+        yield (f"lora shrink segments R={block_r}", lora._shrink_segments_kernel, dict(X=ptr, Y="*fp32", **segments),
+               dict(BLOCK_T=lora.GPU_SEGMENT_BLOCK_T, BLOCK_R=block_r, BLOCK_K=lora.GPU_SEGMENT_BLOCK, DOT_DTYPE=dot,
+                    PRECISION=precision), {})
+        yield (f"lora expand segments R={block_r}", lora._expand_segments_kernel, dict(Y="*fp32", Out=ptr, **segments),
+               dict(BLOCK_T=lora.GPU_SEGMENT_BLOCK_T, BLOCK_R=block_r, BLOCK_O=lora.GPU_SEGMENT_BLOCK, PRECISION=precision), {})
 
 
 def signature(kernel, pointers: dict, constexprs: dict) -> dict:

@@ -255,119 +255,202 @@ def test_decode_attention_int32_tables_strided_q_head_dim_32(device):
 
 # ---------------------------------------------------------------- LoRA in the pool
 
-RANK = 4
-
-
 class Adapters:
-    """Random LoRA adapters written into a pool exactly as reference.lora_rows documents the layout."""
+    """Random LoRA adapters of mixed ranks and targets, written into a pool exactly as reference.LoraRows
+    documents the layout (by hand, slot by slot: independent of reference.lora_rows).
 
-    def __init__(self, count, in_dim, out_dim, kv_heads, head_dim, dtype, device, rank=RANK, pool_slots=200):
+    projections: {name: (in_dim, out_dim)}; ranks: one {name: rank} per adapter (a missing name: not
+    adapted). Each adapter's slot list holds its projections in its own order (so starts differ), each
+    projection's rows over per_row = ceil(max(in_dim, out_dim) / width) slots, then padding up to the
+    longest list. Every other slot is garbage: random, or NaN in K and inf in V (`nan_garbage`).
+    """
+
+    def __init__(self, projections, ranks, scales, kv_heads, head_dim, dtype, device, nan_garbage=False):
         width = kv_heads * head_dim
-        self.per_row = -(-max(in_dim, out_dim) // width)
-        self.k_cache = rand(pool_slots, kv_heads, head_dim, dtype=dtype, device=device)  # garbage around the adapters
-        self.v_cache = rand(pool_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.lora_slots = scattered_slots(pool_slots, count * 4 * rank * self.per_row, device).view(count, -1)
-        self.a = [rand(4, rank, in_dim, dtype=dtype) for _ in range(count)]  # A_p: [r, in]
-        self.b = [rand(4, out_dim, rank, dtype=dtype) * 0.5 for _ in range(count)]  # B_p: [out, r]
-        for j in range(count):
-            for p in range(4):
-                for i in range(rank):
-                    self._write(self.k_cache, j, p * rank + i, self.a[j][p, i], rank)
-                    self._write(self.v_cache, j, p * rank + i, self.b[j][p, :, i], rank)
+        self.projections, self.ranks, self.device = projections, ranks, device
+        self.per_row = {p: -(-max(dims) // width) for p, dims in projections.items()}
+        order = [[p for p in list(projections)[j % len(projections):] + list(projections)[: j % len(projections)] if r.get(p)]
+                 for j, r in enumerate(ranks)]
+        lengths = [sum(r[p] * self.per_row[p] for p in names) for names, r in zip(order, ranks)]
+        pool_slots = sum(lengths) + 7
+        used = scattered_slots(pool_slots, sum(lengths) + 1, "cpu")
+        pad = int(used[-1])  # a garbage slot: where each shorter slot list's padding points
+        self.slots = torch.full((len(ranks), max(lengths)), pad, dtype=torch.int64)
+        self.starts = {p: torch.zeros(len(ranks), dtype=torch.int64) for p in projections}
+        offset = 0
+        for j, (names, length) in enumerate(zip(order, lengths)):
+            self.slots[j, :length] = used[offset : offset + length]
+            offset += length
+            start = 0
+            for p in names:
+                self.starts[p][j] = start
+                start += ranks[j][p] * self.per_row[p]
+        fill = (float("nan"), float("inf")) if nan_garbage else (None, None)
+        self.k_cache, self.v_cache = (rand(pool_slots, kv_heads, head_dim) if f is None else torch.full((pool_slots, kv_heads, head_dim), f)
+                                      for f in fill)
+        self.a = [{p: rand(r, projections[p][0]) for p, r in adapter.items() if r} for adapter in ranks]  # A: [r, in]
+        self.b = [{p: rand(projections[p][1], r) * 0.5 for p, r in adapter.items() if r} for adapter in ranks]  # B: [out, r]
+        for j in range(len(ranks)):
+            for p, a in self.a[j].items():
+                for i in range(a.shape[0]):
+                    self._write(self.k_cache, j, p, i, a[i])
+                    self._write(self.v_cache, j, p, i, self.b[j][p][:, i])
+        self.k_cache, self.v_cache = self.k_cache.to(dtype=dtype, device=device), self.v_cache.to(dtype=dtype, device=device)
+        self.scales = torch.tensor(scales, dtype=torch.float32)
 
-    def _write(self, cache, adapter, row, values, rank):
+    def _write(self, cache, adapter, proj, row, values):
         flat = cache.view(cache.shape[0], -1)
         width = flat.shape[1]
-        for c in range(self.per_row):
+        first = int(self.starts[proj][adapter]) + row * self.per_row[proj]
+        for c in range(self.per_row[proj]):
             piece = values[c * width : (c + 1) * width]
-            flat[self.lora_slots[adapter, row * self.per_row + c], : len(piece)] = piece.to(cache.device)
+            flat[self.slots[adapter, first + c], : len(piece)] = piece
 
-    def naive(self, x, adapter_ids, proj, scale):
-        """scale * x @ A.T @ B.T per token, in fp32."""
-        out = torch.zeros(x.shape[0], self.b[0].shape[1])
+    def rank(self, adapter: int, proj: str) -> int:
+        return self.ranks[adapter].get(proj, 0)
+
+    def rows(self, proj: str) -> ref.LoraRows:
+        ranks = torch.tensor([self.rank(j, proj) for j in range(len(self.ranks))])
+        return ref.LoraRows(slots=self.slots.to(self.device), starts=self.starts[proj].to(self.device), ranks=ranks.to(self.device),
+                            scales=self.scales.to(self.device), max_rank=int(ranks.max()), per_row=self.per_row[proj])
+
+    def naive(self, x, adapter_ids, proj):
+        """(y, delta) per token in fp32 from the plain A and B: y = x @ A.T (zero past the rank), delta = scale * y @ B.T."""
+        out_dim = self.projections[proj][1]
+        y = torch.zeros(x.shape[0], max(self.rank(j, proj) for j in range(len(self.ranks))))
+        delta = torch.zeros(x.shape[0], out_dim)
         for t, j in enumerate(adapter_ids.tolist()):
-            if j >= 0:
-                out[t] = scale * (x[t].float().cpu() @ self.a[j][proj].float().T @ self.b[j][proj].float().T)
-        return out
+            if j >= 0 and self.rank(j, proj):
+                r = self.rank(j, proj)
+                y[t, :r] = x[t].float().cpu() @ self.a[j][proj].T
+                delta[t] = self.scales[j] * (y[t, :r] @ self.b[j][proj].T)
+        return y, delta
 
 
-# (in_dim, out_dim, kv_heads, head_dim): one slot per row; rows over 2 and 3 slots (GQA pools)
-LORA_SHAPES = [(32, 32, 2, 16), (64, 32, 2, 16), (48, 80, 1, 32)]
+# (projections, kv_heads, head_dim): an MLP with in_dim != out_dim and rows over 2 and 3 slots (slot
+# width 32 < row), plus a projection no adapter adapts; then one slot per row
+LORA_SETUPS = [
+    ({"q": (64, 64), "up": (64, 96), "down": (96, 64), "o": (64, 64)}, 1, 32),
+    ({"q": (32, 32), "up": (32, 32), "down": (32, 32)}, 2, 16),
+]
+LORA_RANKS = [{"q": 4, "up": 8, "down": 8}, {"q": 16, "down": 4}, {"q": 8, "up": 16}]  # ranks 4, 8, 16; some targets missing
+LORA_SCALES = [0.5, 2.0, 0.125]
+TOKEN_ADAPTERS = [2, -1, 0, 2, 1, -1, 1]
 
 
-def test_lora_reference_matches_x_at_a_t_at_b_t():
-    lora = Adapters(3, 48, 80, 1, 32, torch.float32, "cpu")
-    x, ids = rand(5, 48), torch.tensor([2, -1, 0, 1, 2])
-    for proj in range(4):
-        y = ref.lora_shrink(x, lora.k_cache, lora.lora_slots, ids, proj, RANK)
-        out = torch.zeros(5, 80)
-        ref.lora_expand(y, lora.v_cache, lora.lora_slots, ids, proj, RANK, out, 0.5)
-        torch.testing.assert_close(out, lora.naive(x, ids, proj, 0.5), atol=1e-4, rtol=1e-4)
+def lora_case(setup, dtype, device, nan_garbage=False) -> Adapters:
+    projections, kv_heads, head_dim = setup
+    return Adapters(projections, LORA_RANKS, LORA_SCALES, kv_heads, head_dim, dtype, device, nan_garbage=nan_garbage)
+
+
+def untouched_tokens(lora: Adapters, adapter_ids: list[int], proj: str) -> list[int]:
+    return [t for t, j in enumerate(adapter_ids) if j < 0 or lora.rank(j, proj) == 0]
+
+
+@pytest.mark.parametrize("nan_garbage", [False, True])
+@pytest.mark.parametrize("setup", LORA_SETUPS)
+def test_lora_reference_matches_x_at_a_t_at_b_t(setup, nan_garbage):
+    lora = lora_case(setup, torch.float32, "cpu", nan_garbage)
+    ids = torch.tensor(TOKEN_ADAPTERS)
+    for proj, (in_dim, out_dim) in lora.projections.items():
+        x = rand(len(ids), in_dim)
+        want_y, want_delta = lora.naive(x, ids, proj)
+        y = ref.lora_shrink(x, lora.k_cache, lora.rows(proj), ids)
+        assert y.dtype == torch.float32
+        torch.testing.assert_close(y, want_y, atol=1e-4, rtol=1e-4)
+        base = rand(len(ids), out_dim)
+        out = base.clone()
+        ref.lora_expand(y, lora.v_cache, lora.rows(proj), ids, out)
+        torch.testing.assert_close(out, base + want_delta, atol=1e-4, rtol=1e-4)
+        for t in untouched_tokens(lora, TOKEN_ADAPTERS, proj):
+            assert torch.equal(out[t], base[t])
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", LORA_SHAPES)
-def test_lora_shrink_and_expand_per_token(device, dtype, shape):
-    in_dim, out_dim, kv_heads, head_dim = shape
-    lora = Adapters(3, in_dim, out_dim, kv_heads, head_dim, dtype, device)
-    x = rand(6, in_dim, dtype=dtype, device=device)
-    ids = torch.tensor([2, -1, 0, 2, 1, -1], device=device)
-    for proj in (0, 3):
-        y = triton_ops.lora_shrink(x, lora.k_cache, lora.lora_slots, ids, proj, RANK)
-        close(y, ref.lora_shrink(x, lora.k_cache, lora.lora_slots, ids, proj, RANK), dtype)
-        base = rand(6, out_dim, dtype=dtype, device=device)
+@pytest.mark.parametrize("setup", LORA_SETUPS)
+def test_lora_shrink_and_expand_per_token(device, dtype, setup):
+    lora = lora_case(setup, dtype, device)
+    ids = torch.tensor(TOKEN_ADAPTERS, device=device)
+    for proj, (in_dim, out_dim) in lora.projections.items():
+        rows = lora.rows(proj)
+        x = rand(len(ids), in_dim, dtype=dtype, device=device)
+        y = triton_ops.lora_shrink(x, lora.k_cache, rows, ids)
+        assert y.shape == (len(ids), rows.max_rank) and y.dtype == torch.float32
+        close(y, ref.lora_shrink(x, lora.k_cache, rows, ids), dtype)
+        base = rand(len(ids), out_dim, dtype=dtype, device=device)
         actual, expected = base.clone(), base.clone()
-        triton_ops.lora_expand(y, lora.v_cache, lora.lora_slots, ids, proj, RANK, actual, 0.5)
-        ref.lora_expand(y, lora.v_cache, lora.lora_slots, ids, proj, RANK, expected, 0.5)
+        triton_ops.lora_expand(y, lora.v_cache, rows, ids, actual)
+        ref.lora_expand(y, lora.v_cache, rows, ids, expected)
         close(actual, expected, dtype)
-        assert torch.equal(actual[1], base[1]) and torch.equal(actual[5], base[5])  # no adapter: untouched
+        for t in untouched_tokens(lora, TOKEN_ADAPTERS, proj):  # no adapter, or rank 0 here
+            assert torch.equal(actual[t], base[t]) and not y[t].any()
 
 
-SEGMENTS = ([5, 17, 1, 9], [1, -1, 0, 1])  # lengths, adapter per request
+SEGMENTS = ([5, 17, 1, 9, 3, 4], [1, -1, 0, 2, 1, 2])  # ragged lengths, adapter per request
+
+
+def segment_token_ids(device) -> torch.Tensor:
+    lengths, adapters = SEGMENTS
+    return torch.tensor([a for n, a in zip(lengths, adapters) for _ in range(n)], device=device)
 
 
 def test_lora_segment_references_match_per_token_ids():
-    lora = Adapters(2, 64, 32, 2, 16, torch.float32, "cpu")
+    lora = lora_case(LORA_SETUPS[0], torch.float32, "cpu")
     lengths, adapters = SEGMENTS
-    cu, seg = cu_seqlens_of(lengths, "cpu"), torch.tensor(adapters)
-    ids = torch.tensor([a for n, a in zip(lengths, adapters) for _ in range(n)])
-    x = rand(sum(lengths), 64)
-    y = ref.lora_shrink_segments(x, lora.k_cache, lora.lora_slots, cu, seg, 1, RANK)
-    torch.testing.assert_close(y, ref.lora_shrink(x, lora.k_cache, lora.lora_slots, ids, 1, RANK))
-    out = torch.zeros(sum(lengths), 32)
-    ref.lora_expand_segments(y, lora.v_cache, lora.lora_slots, cu, seg, 1, RANK, out, 2.0)
-    torch.testing.assert_close(out, lora.naive(x, ids, 1, 2.0), atol=1e-4, rtol=1e-4)
+    cu, seg, ids = cu_seqlens_of(lengths, "cpu"), torch.tensor(adapters), segment_token_ids("cpu")
+    for proj in ("up", "down"):
+        in_dim, out_dim = lora.projections[proj]
+        x = rand(sum(lengths), in_dim)
+        y = ref.lora_shrink_segments(x, lora.k_cache, lora.rows(proj), cu, seg)
+        torch.testing.assert_close(y, ref.lora_shrink(x, lora.k_cache, lora.rows(proj), ids))
+        out = torch.zeros(sum(lengths), out_dim)
+        ref.lora_expand_segments(y, lora.v_cache, lora.rows(proj), cu, seg, out, max_seqlen=max(lengths))
+        torch.testing.assert_close(out, lora.naive(x, ids, proj)[1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", LORA_SHAPES)
-def test_lora_shrink_and_expand_segments(device, dtype, shape):
-    in_dim, out_dim, kv_heads, head_dim = shape
-    lora = Adapters(2, in_dim, out_dim, kv_heads, head_dim, dtype, device)
+@pytest.mark.parametrize("setup", LORA_SETUPS)
+def test_lora_shrink_and_expand_segments(device, dtype, setup):
+    lora = lora_case(setup, dtype, device)
     lengths, adapters = SEGMENTS
     cu, seg = cu_seqlens_of(lengths, device), torch.tensor(adapters, device=device)
-    x = rand(sum(lengths), in_dim, dtype=dtype, device=device)
-    y = triton_ops.lora_shrink_segments(x, lora.k_cache, lora.lora_slots, cu, seg, 2, RANK)
-    close(y, ref.lora_shrink_segments(x, lora.k_cache, lora.lora_slots, cu, seg, 2, RANK), dtype)
-    base = rand(sum(lengths), out_dim, dtype=dtype, device=device)
-    actual, expected = base.clone(), base.clone()
-    triton_ops.lora_expand_segments(y, lora.v_cache, lora.lora_slots, cu, seg, 2, RANK, actual, 0.5, max_seqlen=17)
-    ref.lora_expand_segments(y, lora.v_cache, lora.lora_slots, cu, seg, 2, RANK, expected, 0.5)
-    close(actual, expected, dtype)
-    untouched = slice(5, 22)  # the request without an adapter
-    assert torch.equal(actual[untouched], base[untouched])
+    ids = segment_token_ids("cpu").tolist()
+    for n, (proj, (in_dim, out_dim)) in enumerate(lora.projections.items()):
+        rows = lora.rows(proj)
+        max_seqlen = max(lengths) if n % 2 else None  # given by the host, or read from cu_seqlens
+        x = rand(sum(lengths), in_dim, dtype=dtype, device=device)
+        y = triton_ops.lora_shrink_segments(x, lora.k_cache, rows, cu, seg, max_seqlen=max_seqlen)
+        assert y.shape == (sum(lengths), rows.max_rank)
+        close(y, ref.lora_shrink_segments(x, lora.k_cache, rows, cu, seg), dtype)
+        base = rand(sum(lengths), out_dim, dtype=dtype, device=device)
+        actual, expected = base.clone(), base.clone()
+        triton_ops.lora_expand_segments(y, lora.v_cache, rows, cu, seg, actual, max_seqlen=max_seqlen)
+        ref.lora_expand_segments(y, lora.v_cache, rows, cu, seg, expected)
+        close(actual, expected, dtype)
+        for t in untouched_tokens(lora, ids, proj):
+            assert torch.equal(actual[t], base[t]) and not y[t].any()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_lora_rank_16(device):
-    lora = Adapters(2, 32, 32, 2, 16, torch.float16, device, rank=16, pool_slots=300)
-    lengths, adapters = [3, 20], [1, 0]
-    cu, seg = cu_seqlens_of(lengths, device), torch.tensor(adapters, device=device)
-    x = rand(23, 32, dtype=torch.float16, device=device)
-    y = triton_ops.lora_shrink_segments(x, lora.k_cache, lora.lora_slots, cu, seg, 3, 16)
-    close(y, ref.lora_shrink_segments(x, lora.k_cache, lora.lora_slots, cu, seg, 3, 16), torch.float16)
-    ids = torch.tensor([1, 0, -1], device=device)
-    close(triton_ops.lora_shrink(x[:3], lora.k_cache, lora.lora_slots, ids, 3, 16),
-          ref.lora_shrink(x[:3], lora.k_cache, lora.lora_slots, ids, 3, 16), torch.float16)
+def test_lora_ignores_nan_and_inf_outside_the_adapters_rows(device):
+    """Slots past an adapter's rank (padding, other projections' rows) may be never-written pool slots."""
+    lora = lora_case(LORA_SETUPS[0], torch.float16, device, nan_garbage=True)
+    lengths, adapters = SEGMENTS
+    cu, seg, ids = cu_seqlens_of(lengths, device), torch.tensor(adapters, device=device), segment_token_ids(device)
+    for proj in ("up", "down"):
+        rows = lora.rows(proj)
+        in_dim, out_dim = lora.projections[proj]
+        x = rand(sum(lengths), in_dim, dtype=torch.float16, device=device)
+        expected_y = ref.lora_shrink(x, lora.k_cache, rows, ids)
+        expected = torch.zeros(sum(lengths), out_dim, dtype=torch.float16, device=device)
+        ref.lora_expand(expected_y, lora.v_cache, rows, ids, expected)
+        assert torch.isfinite(expected).all()
+        for y in (triton_ops.lora_shrink(x, lora.k_cache, rows, ids), triton_ops.lora_shrink_segments(x, lora.k_cache, rows, cu, seg)):
+            close(y, expected_y, torch.float16)
+        per_token, segments = torch.zeros_like(expected), torch.zeros_like(expected)
+        triton_ops.lora_expand(expected_y, lora.v_cache, rows, ids, per_token)
+        triton_ops.lora_expand_segments(expected_y, lora.v_cache, rows, cu, seg, segments)
+        close(per_token, expected, torch.float16)
+        close(segments, expected, torch.float16)
