@@ -17,11 +17,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T],
+    inv_freq: [D/2] fp32, the model's (possibly scaled) inverse frequencies."""
     d = q.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(device=q.device, dtype=torch.float32)[None, :]  # [T, D/2]
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,6 @@ import triton.language as tl
 
 from ._launch import last_dim_contiguous, pow2
 
-_INV_FREQ: dict[tuple, torch.Tensor] = {}
-
 
 @triton.jit
 def _rotary_kernel(X, Pos, InvFreq, Out, heads, stride_xt, stride_xh, stride_ot, stride_oh,
@@ -28,15 +26,6 @@ def _rotary_kernel(X, Pos, InvFreq, Out, heads, stride_xt, stride_xh, stride_ot,
     tl.store(out + HALF, (x2 * cos + x1 * sin).to(Out.dtype.element_ty), mask=mask)
 
 
-def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    """Computed exactly as the reference does (same fp32 rounding), cached per device."""
-    key = (head_dim, float(theta), str(device))
-    if key not in _INV_FREQ:
-        exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
-        _INV_FREQ[key] = 1.0 / (theta ** exponents)
-    return _INV_FREQ[key]
-
-
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     x = last_dim_contiguous(x)
     tokens, heads, head_dim = x.shape
@@ -48,8 +37,9 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) ->
     return out
 
 
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
-    inv_freq = _inv_freq(q.shape[-1], theta, q.device)
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T],
+    inv_freq: [D/2], the model's (possibly scaled) inverse frequencies; no copy when already fp32 on q's device."""
+    inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
     positions = positions.contiguous()
     return _rotate(q, positions, inv_freq), _rotate(k, positions, inv_freq)

@@ -128,11 +128,24 @@ def serve_requests(requests: list[Request], scheduler: Scheduler, config: Engine
     return clock.now()
 
 
+def check_context(model: str, requests: list[Request]) -> None:
+    """Refuse, before loading anything, a workload whose longest request outgrows the model's context."""
+    from slora_vtc.model.spec import resolve_spec  # torch-free
+
+    context = resolve_spec(model).max_position
+    longest = max(requests, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
+    if longest is not None and longest.prompt_len + longest.max_new_tokens > context:
+        raise UserError(f"model '{model}': its context is {context} tokens (max_position_embeddings), but the workload's longest request "
+                        f"needs {longest.prompt_len + longest.max_new_tokens} ({longest.prompt_len} prompt + {longest.max_new_tokens} new tokens)")
+
+
 def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     """Run one experiment; every request ends finished, rejected or aborted."""
     workload, config = exp.workload(), exp.engine_config()
-    backend = build_backend(exp.backend, exp.backend_settings(config))
     requests = exp.requests(workload)
+    if exp.real_backend:
+        check_context(exp.model_name, requests)
+    backend = build_backend(exp.backend, exp.backend_settings(config))
     scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
     total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})")
     return RunResult.of(exp.result_config(config, workload), requests, total)

@@ -42,8 +42,8 @@ def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling
     llama = build_backend(backend, model, pool, 0, device, dtype, seed, sampling)
     config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1))
     engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), MemoryManager(TokenPool(pool), 0))
-    stop = None if ignore_eos else spec.eos_token_id
-    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_token=stop) for ids in prompts]
+    stop = () if ignore_eos else spec.eos_token_ids
+    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop) for ids in prompts]
     engine.run(requests)
     for i, r in enumerate(requests):
         if r.state is not State.FINISHED:

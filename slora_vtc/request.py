@@ -34,7 +34,7 @@ class Request:
     finish_time: float | None = None
     kv_slots: list = field(default_factory=list)  # pool slot indices, chunk per allocation
     reason: str = ""  # why a request was rejected or aborted
-    stop_token: int | None = None  # end early once this token is generated (EOS); None: ignore EOS
+    stop_tokens: tuple[int, ...] = ()  # end early once one of these is generated (the EOS ids); empty: ignore EOS
     stopped: bool = False
     sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
     added_tokens: int = 0  # tokens the serving path put before the client's prompt (a BOS); counted in prompt_len
@@ -59,7 +59,7 @@ class Request:
     def append_token(self, token: int | None, now: float) -> None:
         if token is not None:
             self.output_ids.append(token)
-            self.stopped = token == self.stop_token
+            self.stopped = token in self.stop_tokens
         self.generated += 1
         if self.first_token_time is None:
             self.first_token_time = now

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from slora_vtc.model.pool import KVPool
+from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.weights import LayerWeights, LlamaWeights
 
@@ -62,6 +63,7 @@ class Llama:
     def __init__(self, spec: ModelSpec, weights: LlamaWeights, pool: KVPool, ops):
         self.spec, self.weights, self.pool, self.ops = spec, weights, pool, ops
         self.scale = spec.head_dim**-0.5
+        self.inv_freq = inverse_frequencies(spec, weights.embed.device)
 
     @property
     def device(self) -> torch.device:
@@ -81,10 +83,10 @@ class Llama:
 
     def attention(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Prefill | Decode) -> torch.Tensor:
         s, ops = self.spec, self.ops
-        q, k, v = F.linear(h, layer.wqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
+        q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
         if batch.lora is not None:
             q, k, v = (self.lora(i, h, out.contiguous(), proj, batch) for proj, out in ((Q, q), (K, k), (V, v)))
-        q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, s.rope_theta)
+        q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq)
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         k_cache, v_cache = self.pool.k[i], self.pool.v[i]
         ops.kv_scatter(k, v, k_cache, v_cache, batch.slots)

@@ -1,8 +1,8 @@
 """The kernel set of `--backend torch`: the reference ops' signatures, in fewer and fused torch calls.
 
 kernels/reference.py is written to be obviously right (the tests' ground truth); on a CPU its
-Python-level op count dominates a small model's step. Here: torch's fused RMSNorm, cached rotary
-frequencies, and scaled_dot_product_attention (GQA without copying K/V per query head) for
+Python-level op count dominates a small model's step. Here: torch's fused RMSNorm, rotary
+frequencies doubled once, and scaled_dot_product_attention (GQA without copying K/V per query head) for
 both attention ops. LoRA uses the references as they are. tests/test_model.py checks every op
 against the reference.
 """
@@ -20,14 +20,15 @@ class TorchOps:
     lora_expand_segments = staticmethod(reference.lora_expand_segments)
 
     def __init__(self):
-        self._inv_freq: dict[tuple, torch.Tensor] = {}  # (theta, dim, device) -> [dim], both halves
+        self._halves_of: torch.Tensor | None = None  # the inv_freq last seen (a model passes the same tensor every step)
+        self._both_halves: torch.Tensor | None = None  # it, repeated for both halves of a head: [D]
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
-    def rotary_embedding(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[:, None, None] * self._frequencies(theta, q.shape[-1], q.device)  # [T, 1, D]
+    def rotary_embedding(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[:, None, None] * self._frequencies(inv_freq, q.device)  # [T, 1, D]
         cos, sin = angles.cos(), angles.sin()
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -37,12 +38,11 @@ class TorchOps:
 
         return rotate(q), rotate(k)
 
-    def _frequencies(self, theta: float, dim: int, device: torch.device) -> torch.Tensor:
-        key = (theta, dim, device)
-        if key not in self._inv_freq:
-            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
-            self._inv_freq[key] = torch.cat([inv_freq, inv_freq])
-        return self._inv_freq[key]
+    def _frequencies(self, inv_freq: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if inv_freq is not self._halves_of:
+            halves = inv_freq.to(device=device, dtype=torch.float32)
+            self._halves_of, self._both_halves = inv_freq, torch.cat([halves, halves])
+        return self._both_halves
 
     @staticmethod
     def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:

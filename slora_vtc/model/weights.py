@@ -1,15 +1,16 @@
 """Model weights: random (seeded) from a ModelSpec, or read from a Hugging Face folder (safetensors).
 
 q/k/v and gate/up are stored stacked, so a layer runs two input matmuls instead of five.
-Hugging Face's Llama uses the same rotate-half rotary convention as ours: no permutation needed.
+Hugging Face's Llama, Mistral and Qwen2 use the same rotate-half rotary convention as ours: no
+permutation needed.
 """
 
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.spec import ModelSpec, is_folder
@@ -25,6 +26,7 @@ class LayerWeights:
     mlp_norm: torch.Tensor  # [H]
     w_gate_up: torch.Tensor  # [2 I, H]
     w_down: torch.Tensor  # [H, I]
+    bqkv: torch.Tensor | None = None  # [q + 2 kv]: Qwen2's q/k/v bias
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def dummy_weights(spec: ModelSpec, device="cpu", dtype=torch.float32, seed: int 
 
     h, q, kv, i = spec.hidden_size, spec.q_width, spec.kv_width, spec.intermediate_size
     layers = tuple(
-        LayerWeights(ones(), randn(q + 2 * kv, h), randn(h, q), ones(), randn(2 * i, h), randn(h, i))
+        LayerWeights(ones(), randn(q + 2 * kv, h), randn(h, q), ones(), randn(2 * i, h), randn(h, i), randn(q + 2 * kv) if spec.qkv_bias else None)
         for _ in range(spec.num_layers)
     )
     embed = randn(spec.vocab_size, h)
@@ -65,13 +67,17 @@ def hf_weights(folder: Path, spec: ModelSpec, device, dtype: torch.dtype) -> Lla
     if not files:
         raise UserError(f"{folder}: no *.safetensors files (only safetensors weights are read)")
     with ExitStack() as stack:
-        handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files]
-        where = {name: handle for handle in handles for name in handle.keys()}
+        where: dict[str, tuple[Path, object]] = {}  # tensor name -> (its file, the open file)
+        for file in files:
+            handle = stack.enter_context(_open(file))
+            where.update({name: (file, handle) for name in handle.keys()})
 
         def get(name: str, *shape: int) -> torch.Tensor:
             if name not in where:
                 raise UserError(f"{folder}: tensor '{name}' is missing")
-            tensor = where[name].get_tensor(name)
+            file, handle = where[name]
+            with _unreadable_is_user_error(file):
+                tensor = handle.get_tensor(name)
             if tuple(tensor.shape) != shape:
                 raise UserError(f"{folder}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}")
             return tensor.to(device=device, dtype=dtype)
@@ -84,6 +90,7 @@ def hf_weights(folder: Path, spec: ModelSpec, device, dtype: torch.dtype) -> Lla
             return LayerWeights(
                 attn_norm=get(p + "input_layernorm.weight", h),
                 wqkv=torch.cat([get(attn + "q_proj.weight", q, h), get(attn + "k_proj.weight", kv, h), get(attn + "v_proj.weight", kv, h)]),
+                bqkv=torch.cat([get(attn + "q_proj.bias", q), get(attn + "k_proj.bias", kv), get(attn + "v_proj.bias", kv)]) if spec.qkv_bias else None,
                 wo=get(attn + "o_proj.weight", h, q),
                 mlp_norm=get(p + "post_attention_layernorm.weight", h),
                 w_gate_up=torch.cat([get(mlp + "gate_proj.weight", i, h), get(mlp + "up_proj.weight", i, h)]),
@@ -95,5 +102,21 @@ def hf_weights(folder: Path, spec: ModelSpec, device, dtype: torch.dtype) -> Lla
             embed=embed,
             layers=tuple(layer(n) for n in range(spec.num_layers)),
             norm=get("model.norm.weight", h),
-            lm_head=embed if spec.tie_word_embeddings else get("lm_head.weight", v, h),
+            lm_head=embed if spec.tie_word_embeddings else get("lm_head.weight", v, h),  # tied: a stored lm_head is ignored
         )
+
+
+@contextmanager
+def _unreadable_is_user_error(file: Path):
+    try:
+        yield
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{file}: not a readable safetensors file, truncated or corrupt? ({e})") from None
+
+
+@contextmanager
+def _open(file: Path):
+    with _unreadable_is_user_error(file):
+        handle = safe_open(str(file), framework="pt", device="cpu")
+    with handle as opened:
+        yield opened

@@ -63,7 +63,7 @@ def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_to
     if n + max_tokens > context:
         raise ApiError(400, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens")
     req = Request(client.name, n, max_tokens, ctx.service.clock.now(), adapter=adapter, prompt_ids=ids,
-                  stop_token=None if ignore_eos else ctx.spec.eos_token_id, sampling=params)
+                  stop_tokens=() if ignore_eos else ctx.spec.eos_token_ids, sampling=params)
     if not fits_alone(req, ctx.engine_config):
         raise ApiError(400, _never_fits(ctx, req))
     return req

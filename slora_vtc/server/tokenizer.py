@@ -45,7 +45,7 @@ class ByteTokenizer(Tokenizer):
             raise UserError(f"model '{spec.name}': a vocabulary of {spec.vocab_size} cannot hold the byte tokenizer (256 ids); pass --tokenizer")
         self.offset = min(LLAMA_BYTE_OFFSET, spec.vocab_size - BYTES)
         self.bos_id = spec.bos_token_id
-        self.specials = {spec.bos_token_id, spec.eos_token_id}
+        self.specials = {spec.bos_token_id, *spec.eos_token_ids}
 
     def encode(self, text: str) -> list[int]:
         return [self.bos_id, *(b + self.offset for b in text.encode("utf-8"))]

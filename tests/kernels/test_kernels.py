@@ -95,15 +95,23 @@ def test_rms_norm(device, dtype):
     close(triton_ops.rms_norm(x, weight, 1e-6), ref.rms_norm(x, weight, 1e-6), dtype)
 
 
+def inverse_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    return theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_embedding(device, dtype):
+@pytest.mark.parametrize("scaled", [False, True], ids=["default", "scaled"])
+def test_rotary_embedding(device, dtype, scaled):
+    """The kernel rotates by whatever frequencies it is given (a scaled RoPE's too)."""
     tokens, q_heads, kv_heads, head_dim = 7, 4, 2, 16
     qkv = rand(tokens, (q_heads + 2 * kv_heads) * head_dim, dtype=dtype, device=device)  # views into a fused projection
     q = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
     k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.tensor([0, 1, 2, 40, 41, 300, 1023], device=device)
-    for actual, expected in zip(triton_ops.rotary_embedding(q, k, positions, 10000.0), ref.rotary_embedding(q, k, positions, 10000.0)):
+    inv_freq = inverse_frequencies(head_dim) * (torch.linspace(0.1, 1.0, head_dim // 2) if scaled else 1.0)
+    inv_freq = inv_freq.to(device)
+    for actual, expected in zip(triton_ops.rotary_embedding(q, k, positions, inv_freq), ref.rotary_embedding(q, k, positions, inv_freq)):
         assert actual.shape == expected.shape and actual.dtype == dtype
         close(actual, expected, dtype)
 
@@ -111,7 +119,7 @@ def test_rotary_embedding(device, dtype):
 def test_rotary_reference_rotates_pairs_half_a_dimension_apart():
     q = rand(3, 1, 8)
     positions = torch.tensor([0, 1, 5])
-    rotated, _ = ref.rotary_embedding(q, q, positions, 10000.0)
+    rotated, _ = ref.rotary_embedding(q, q, positions, inverse_frequencies(8))
     torch.testing.assert_close(rotated[0], q[0])  # position 0 is the identity
     torch.testing.assert_close(rotated.norm(dim=-1), q.norm(dim=-1))  # a rotation keeps norms
     angle = 5 * 10000.0 ** (-2 * 1 / 8)  # pair (1, 5) at position 5

@@ -12,6 +12,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Decode, Llama, Prefill
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
+from slora_vtc.model.rope import default_frequencies
 from slora_vtc.model.sampling import SamplingParams, sample
 from slora_vtc.model.spec import MODEL_SPECS, get_model_spec, resolve_spec
 from slora_vtc.model.weights import dummy_weights, load_weights
@@ -103,7 +104,8 @@ def test_torch_ops_match_reference():
     x, w = rand(7, 32), rand(32)
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
     q, k, pos = rand(7, 4, 16), rand(7, 2, 16), torch.tensor([0, 1, 2, 0, 5, 300, 4000])
-    for ours, ref in zip(ops.rotary_embedding(q, k, pos, 10_000.0), reference.rotary_embedding(q, k, pos, 10_000.0)):
+    inv_freq = default_frequencies(16, 10_000.0) / torch.linspace(1.0, 8.0, 8)  # any frequencies: a scaled RoPE's too
+    for ours, ref in zip(ops.rotary_embedding(q, k, pos, inv_freq), reference.rotary_embedding(q, k, pos, inv_freq)):
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     cu = torch.tensor([0, 3, 4, 7])
     v = rand(7, 2, 17)[..., :16]
@@ -153,11 +155,11 @@ def edit_tensors(folder, edit):
 
 @pytest.mark.parametrize("case, message", [
     ("no_config", "no config.json"),
-    ("architecture", "unsupported architecture MistralForCausalLM"),
+    ("architecture", "unsupported architecture GemmaForCausalLM"),
     ("missing_tensor", "tensor 'model.layers.1.mlp.up_proj.weight' is missing"),
     ("bad_shape", "tensor 'model.layers.0.self_attn.k_proj.weight' has shape (64, 64), expected (32, 64)"),
     ("no_weights", "no *.safetensors files"),
-    ("rope_scaling", "RoPE scaling 'llama3' is not supported"),
+    ("rope_scaling", "'rope_scaling.rope_type' 'yarn' is not supported"),
 ])
 def test_bad_model_folders_raise_a_clear_error(hf, tmp_path, case, message):
     folder = copy_folder(hf[0], tmp_path / "model")
@@ -165,7 +167,7 @@ def test_bad_model_folders_raise_a_clear_error(hf, tmp_path, case, message):
     if case == "no_config":
         (folder / "config.json").unlink()
     elif case == "architecture":
-        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"]}))
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["GemmaForCausalLM"]}))
     elif case == "missing_tensor":
         edit_tensors(folder, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     elif case == "bad_shape":
@@ -173,7 +175,7 @@ def test_bad_model_folders_raise_a_clear_error(hf, tmp_path, case, message):
     elif case == "no_weights":
         (folder / "model.safetensors").unlink()
     elif case == "rope_scaling":
-        (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+        (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}))
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         load_weights(str(folder), resolve_spec(str(folder)), "cpu", torch.float32)
 
