@@ -2,11 +2,13 @@
 
 Shapes: T tokens in a batch, B requests, Hq query heads, Hk key/value heads (GQA: Hq % Hk == 0),
 D head dim, S pool slots. The KV pool of one layer is `k_cache`, `v_cache`: [S, Hk, D].
-LoRA adapters live in the same pool: adapter j's rows are pool slots `lora_slots[j]`; for
-projection p (0 q, 1 k, 2 v, 3 o) and rank index i, row (p * r + i) holds A_p[i, :] in the K buffer
-and B_p[:, i] in the V buffer, each spread over `slots_per_row` consecutive entries of
-`lora_slots[j]` when a row is longer than one slot (Hk * D elements, the GQA case).
+LoRA adapters live in the same pool: a LoRA op works on one projection (q, k, v, o, gate, up or
+down) at a time, and `LoraRows` says where each resident adapter's rows for it lie. Row i holds
+A[i, :] in the K buffer and B[:, i] in the V buffer, spread over `per_row` slots when a row is
+longer than one slot (Hk * D elements). Adapters of different ranks mix in one batch.
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -75,31 +77,51 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.einsum("bhl,blhd->bhd", scores.softmax(-1), v).to(q.dtype)
 
 
-def lora_rows(cache: torch.Tensor, lora_slots: torch.Tensor, proj: int, rank: int, length: int) -> torch.Tensor:
-    """Rows (p * r .. p * r + r - 1) of every adapter as [A, r, length], gathered from one pool buffer."""
+@dataclass(frozen=True)
+class LoraRows:
+    """Where one projection's LoRA rows lie in the pool, for every resident adapter.
+
+    Row i (0 <= i < ranks[j]) of adapter j takes the pool slots
+    slots[j, starts[j] + i * per_row : starts[j] + (i + 1) * per_row]; concatenated, those slots
+    hold A[i, :] (in_dim long) in the K buffer and B[:, i] (out_dim long) in the V buffer.
+    An adapter that does not adapt this projection has rank 0 (its start is then unused).
+    """
+
+    slots: torch.Tensor  # [A, L] int64: each adapter's pool slots (rows padded to the longest adapter)
+    starts: torch.Tensor  # [A] int64: index in slots[j] of this projection's first row
+    ranks: torch.Tensor  # [A] int64: this projection's rank for each adapter, 0 when not adapted
+    scales: torch.Tensor  # [A] float32: each adapter's lora_alpha / r (or / sqrt(r), rsLoRA)
+    max_rank: int  # max(ranks), known on the host so that kernels size their blocks without a sync
+    per_row: int  # slots one row spans: ceil(max(in_dim, out_dim) / slot width)
+
+
+def lora_rows(cache: torch.Tensor, rows: LoraRows, length: int) -> torch.Tensor:
+    """Every adapter's rows as [A, max_rank, length] from one pool buffer; rows past an adapter's rank are 0."""
     width = cache.shape[1] * cache.shape[2]
-    per_row = lora_slots.shape[1] // (4 * rank)
-    slots = lora_slots.view(lora_slots.shape[0], 4 * rank, per_row)[:, proj * rank : (proj + 1) * rank]  # [A, r, per_row]
-    rows = cache.reshape(cache.shape[0], width)[slots]  # [A, r, per_row, width]
-    return rows.reshape(slots.shape[0], rank, per_row * width)[..., :length]
+    i = torch.arange(rows.max_rank, device=rows.slots.device)
+    index = rows.starts[:, None, None] + i[None, :, None] * rows.per_row + torch.arange(rows.per_row, device=i.device)  # [A, r, per_row]
+    valid = i[None, :] < rows.ranks[:, None]  # [A, r]
+    slots = rows.slots.gather(1, index.clamp(0, rows.slots.shape[1] - 1).flatten(1)).view(index.shape)
+    gathered = cache.reshape(cache.shape[0], width)[slots].reshape(*slots.shape[:2], rows.per_row * width)[..., :length]
+    return gathered.masked_fill(~valid[..., None], 0)  # not a product: slots past a rank may hold NaN or inf
 
 
-def lora_shrink(x: torch.Tensor, k_cache: torch.Tensor, lora_slots: torch.Tensor, adapter_ids: torch.Tensor, proj: int, rank: int) -> torch.Tensor:
-    """y[t] = A_p(adapter of t) @ x[t]. x: [T, in]; adapter_ids: [T] (-1: no adapter, y = 0) -> [T, r] fp32."""
-    a = lora_rows(k_cache, lora_slots, proj, rank, x.shape[1]).float()  # [A, r, in]
-    y = torch.zeros(x.shape[0], rank, dtype=torch.float32, device=x.device)
+def lora_shrink(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor) -> torch.Tensor:
+    """y[t] = A(adapter of t) @ x[t]. x: [T, in]; adapter_ids: [T] (-1: no adapter, y = 0) -> [T, max_rank] fp32."""
+    a = lora_rows(k_cache, rows, x.shape[1]).float()  # [A, r, in]
+    y = torch.zeros(x.shape[0], rows.max_rank, dtype=torch.float32, device=x.device)
     for adapter in _used_adapters(adapter_ids):
-        rows = adapter_ids == adapter
-        y[rows] = x[rows].float() @ a[adapter].T
+        mine = adapter_ids == adapter
+        y[mine] = x[mine].float() @ a[adapter].T
     return y
 
 
-def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, lora_slots: torch.Tensor, adapter_ids: torch.Tensor, proj: int, rank: int, out: torch.Tensor, scale: float) -> None:
-    """out[t] += scale * B_p(adapter of t) @ y[t], in place. y: [T, r]; out: [T, out_dim]."""
-    b = lora_rows(v_cache, lora_slots, proj, rank, out.shape[1]).float()  # [A, r, out]
+def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor, out: torch.Tensor) -> None:
+    """out[t] += scale(adapter of t) * B(adapter of t) @ y[t], in place. y: [T, max_rank]; out: [T, out_dim]."""
+    b = lora_rows(v_cache, rows, out.shape[1]).float()  # [A, r, out]
     for adapter in _used_adapters(adapter_ids):
-        rows = adapter_ids == adapter
-        out[rows] += (scale * (y[rows].float() @ b[adapter])).to(out.dtype)
+        mine = adapter_ids == adapter
+        out[mine] += (rows.scales[adapter].float() * (y[mine].float() @ b[adapter])).to(out.dtype)
 
 
 def _used_adapters(adapter_ids: torch.Tensor) -> list[int]:
@@ -112,15 +134,14 @@ def segment_adapter_ids(cu_seqlens: torch.Tensor, segment_adapters: torch.Tensor
     return segment_adapters.repeat_interleave(cu_seqlens[1:] - cu_seqlens[:-1])
 
 
-def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, lora_slots: torch.Tensor, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, proj: int, rank: int, max_seqlen: int | None = None) -> torch.Tensor:
+def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
+                         segment_adapters: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
     """lora_shrink for a prefill batch: request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] use adapter
     segment_adapters[b] (-1: none). cu_seqlens[-1] == T. max_seqlen as in prefill_attention."""
-    return lora_shrink(x, k_cache, lora_slots, segment_adapter_ids(cu_seqlens, segment_adapters), proj, rank)
+    return lora_shrink(x, k_cache, rows, segment_adapter_ids(cu_seqlens, segment_adapters))
 
 
-def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, lora_slots: torch.Tensor, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, proj: int, rank: int, out: torch.Tensor, scale: float,
-                         max_seqlen: int | None = None) -> None:
+def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
+                         segment_adapters: torch.Tensor, out: torch.Tensor, max_seqlen: int | None = None) -> None:
     """lora_expand for a prefill batch, one adapter per request segment (see lora_shrink_segments)."""
-    lora_expand(y, v_cache, lora_slots, segment_adapter_ids(cu_seqlens, segment_adapters), proj, rank, out, scale)
+    lora_expand(y, v_cache, rows, segment_adapter_ids(cu_seqlens, segment_adapters), out)

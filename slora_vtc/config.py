@@ -1,6 +1,7 @@
 """Frozen configuration of the engine, its memory pool and its admission check (EngineConfig)."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from slora_vtc.errors import UserError
 
@@ -18,6 +19,7 @@ class EngineConfig:
     lora_rank: int = 8  # every client has a rank-8 adapter in the paper's runs
     batch_max_tokens_override: int | None = None
     adapter_row_slots: int = 1  # slots one adapter row takes (model.spec.ModelSpec.lora_slots_per_row on a real model)
+    adapter_sizes: tuple[tuple[str, int], ...] = ()  # (name, slots) of adapters whose size differs from adapter_slots
 
     def __post_init__(self):
         if self.pool_tokens <= 0:
@@ -36,5 +38,15 @@ class EngineConfig:
 
     @property
     def adapter_slots(self) -> int:
-        """Pool slots one resident adapter takes: rows for q, k, v, o of rank r."""
+        """Pool slots an adapter not in adapter_sizes takes: rows for q, k, v, o of rank r."""
         return 4 * self.lora_rank * self.adapter_row_slots
+
+    @cached_property
+    def _sizes(self) -> dict[str, int]:
+        return dict(self.adapter_sizes)
+
+    def slots_of(self, adapter: str | None) -> int:
+        """Pool slots the named adapter takes when resident (0 for no adapter)."""
+        if adapter is None:
+            return 0
+        return self._sizes.get(adapter, self.adapter_slots)

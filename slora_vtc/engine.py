@@ -32,7 +32,7 @@ class Engine:
         self.scheduler = scheduler
         self.backend = backend
         self.clock = clock
-        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots)
+        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of)
         self.on_end = on_end
         self.running: list[Request] = []
         self._steps_since_admission = 0
@@ -43,6 +43,9 @@ class Engine:
         """Hand a new request to the scheduler; a request that can never fit is rejected."""
         if req.rid < 0:
             req.rid, self._next_rid = self._next_rid, self._next_rid + 1
+        if req.adapter is not None and not self.backend.has_adapter(req.adapter):
+            self._end(req, State.REJECTED, f"unknown LoRA adapter '{req.adapter}'")
+            return False
         if not fits_alone(req, self.config):
             self._end(req, State.REJECTED, "request can never fit the memory pool")
             return False

@@ -17,6 +17,8 @@ from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
 from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.memory import MemoryManager, TokenPool
+from slora_vtc.model.adapters import DUMMY_PREFIX, AdapterTable, adapter_table
+from slora_vtc.model.spec import resolve_spec
 from slora_vtc.profile import load_profile
 from slora_vtc.request import Request
 from slora_vtc.results import RunResult
@@ -46,8 +48,10 @@ class Experiment:
     backend: str = "sim"
     trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
     model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: the backend's)
-    adapters: int | None = None  # LoRA adapters the clients map to, round robin (default: one per client; 0: none)
-    adapter_rank: int = 8
+    adapters: int | None = None  # dummy LoRA adapters the clients map to, round robin (default: one per client on the
+    # simulator, none on a real backend; 0: none)
+    adapter_rank: int = 8  # rank of the dummy adapters
+    lora: tuple[str, ...] = ()  # real backends: PEFT adapters as NAME=PATH; the clients map to these (then the dummies)
     time_scale: float = 1.0  # real backends: workload seconds per wall-clock second
     device: str | None = None  # real backends (default: cpu for torch, cuda for triton)
     dtype: str | None = None  # real backends (default: float32 on a CPU, float16 on a GPU)
@@ -60,17 +64,24 @@ class Experiment:
     def model_name(self) -> str | None:
         return (self.model or get_backend(self.backend).default_model) if self.real_backend else None
 
-    def engine_config(self) -> EngineConfig:
-        row_slots = 1
-        if self.real_backend:
-            from slora_vtc.model.spec import resolve_spec  # torch-free
+    def adapter_table(self) -> AdapterTable:
+        """Real backends: the PEFT adapters and dummies the clients map to (the simulator needs no weights)."""
+        if not self.real_backend:
+            if self.lora:
+                raise UserError("--lora applies to the real backends (--backend torch or triton); the simulator has no weights")
+            return AdapterTable()
+        return adapter_table(list(self.lora), self.adapters or 0, self.adapter_rank)
 
-            row_slots = resolve_spec(self.model_name).lora_slots_per_row
+    def engine_config(self) -> EngineConfig:
         pool = self.pool_tokens or get_suite(self.suite).pool_tokens
-        return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=row_slots)
+        if not self.real_backend:
+            return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank)
+        spec = resolve_spec(self.model_name)
+        return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=spec.lora_slots_per_row,
+                            adapter_sizes=self.adapter_table().sizes(spec))
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
-        return BackendSettings(pool_tokens=config.pool_tokens, lora_rank=self.adapter_rank, profile=self.profile, testbed=self.testbed,
+        return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table(), profile=self.profile, testbed=self.testbed,
                                model=self.model_name, device=self.device, dtype=self.dtype, seed=self.seed)
 
     def requests(self, workload: Workload) -> list[Request]:
@@ -81,11 +92,18 @@ class Experiment:
             delays = np.random.default_rng(self.seed).uniform(0.0, self.jitter_ms / 1000, len(requests))
             for r, delay in zip(requests, delays):
                 r.arrival += float(delay)
-        if self.adapters is not None:
+        names = self._adapter_names()
+        if names is not None:
             index = {c: i for i, c in enumerate(dict.fromkeys([*workload.clients, *(r.client for r in requests)]))}
             for r in requests:
-                r.adapter = f"adapter{index[r.client] % self.adapters}" if self.adapters else None
+                r.adapter = names[index[r.client] % len(names)] if names else None
         return requests
+
+    def _adapter_names(self) -> list[str] | None:
+        """The adapters clients map to in turn; None: the workload's own (one per client)."""
+        if self.real_backend:
+            return self.adapter_table().names
+        return None if self.adapters is None else [f"{DUMMY_PREFIX}{i}" for i in range(self.adapters)]
 
     def result_config(self, config: EngineConfig, workload: Workload) -> dict:
         fields = {**asdict(self), "model": self.model_name, "pool_tokens": config.pool_tokens, "duration": workload.duration}
@@ -122,7 +140,7 @@ def serve_requests(requests: list[Request], scheduler: Scheduler, config: Engine
     """
     backend.warmup()
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.adapter_slots, on_load=backend.load_adapter)
+    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter)
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
         Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
     return clock.now()

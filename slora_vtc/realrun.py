@@ -10,6 +10,7 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.memory import MemoryManager, TokenPool
+from slora_vtc.model.adapters import AdapterTable
 from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.profile import ProfilePoint
@@ -26,24 +27,31 @@ ARTIFACT_GRID: tuple[tuple[int, int], ...] = (
 
 def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
              ignore_eos: bool = False, backend: str = "torch", device: str | None = None, dtype: str | None = None,
-             seed: int = 0, pool_tokens: int | None = None) -> list[list[int]]:
-    """Generated token ids per prompt, all prompts served together by the engine."""
+             seed: int = 0, pool_tokens: int | None = None, adapters: AdapterTable = AdapterTable(),
+             use_lora: str | None = None) -> list[list[int]]:
+    """Generated token ids per prompt, all prompts served together by the engine (with adapter `use_lora`, if given)."""
     spec = resolve_spec(model)
+    adapters = AdapterTable((adapters.get(use_lora),)) if use_lora else AdapterTable()  # an unknown name is an error
     if max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     for ids in prompts:
         _check_prompt(ids, spec.vocab_size)
-    pool = pool_tokens or sum(len(p) + max_new_tokens for p in prompts) + 1
+    lora_slots = sum(size for _, size in adapters.sizes(spec))
+    pool = pool_tokens or sum(len(p) + max_new_tokens for p in prompts) + 1 + lora_slots
     for ids in prompts:
-        if len(ids) + max_new_tokens >= pool:
-            raise UserError(f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens")
+        if len(ids) + max_new_tokens >= pool - lora_slots:
+            raise UserError(f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens"
+                            + (f" ({lora_slots} of them for adapter '{use_lora}')" if lora_slots else ""))
         if len(ids) + max_new_tokens > spec.max_position:
             raise UserError(f"{len(ids)} + {max_new_tokens} tokens exceed the model's context of {spec.max_position}")
-    llama = build_backend(backend, model, pool, 0, device, dtype, seed, sampling)
-    config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1))
-    engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), MemoryManager(TokenPool(pool), 0))
+    llama = build_backend(backend, model, pool, adapters, device, dtype, seed, sampling)
+    config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1),
+                          adapter_sizes=adapters.sizes(spec))
+    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=llama.load_adapter)
+    engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), memory)
     stop = () if ignore_eos else spec.eos_token_ids
-    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop) for ids in prompts]
+    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop, adapter=use_lora)
+                for ids in prompts]
     engine.run(requests)
     for i, r in enumerate(requests):
         if r.state is not State.FINISHED:
@@ -60,28 +68,35 @@ def _check_prompt(ids: list[int], vocab: int) -> None:
 
 
 def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=ARTIFACT_GRID, device: str | None = None,
-                    dtype: str | None = None, max_batch: int | None = None, seed: int = 0, progress: bool = False) -> list[ProfilePoint]:
+                    dtype: str | None = None, max_batch: int | None = None, seed: int = 0, progress: bool = False,
+                    adapters: AdapterTable = AdapterTable()) -> list[ProfilePoint]:
     """Prefill and decode seconds per request at each (input, output) length, as the artifact measured.
 
     pool // (input + output) requests (at most `max_batch`) run together: one prefill, then
-    `output` decode steps; times are the batch's totals divided by its size.
+    `output` decode steps; times are the batch's totals divided by its size. With adapters, the
+    requests use them in turn (all resident: their slots come off the pool first).
     """
     for i, o in grid:
         if i <= 0 or o <= 0 or i + o > pool_tokens:
             raise UserError(f"profile point ({i}, {o}) does not fit a pool of {pool_tokens} tokens")
-    llama = build_backend(backend, model, pool_tokens, 0, device, dtype, seed)
+    spec = resolve_spec(model)
+    llama = build_backend(backend, model, pool_tokens, adapters, device, dtype, seed)
     llama.warmup()
-    memory = MemoryManager(TokenPool(pool_tokens), 0)
+    config = EngineConfig(pool_tokens=pool_tokens, adapter_sizes=adapters.sizes(spec))
+    memory = MemoryManager(TokenPool(pool_tokens), config.slots_of, on_load=llama.load_adapter)
+    free = pool_tokens - sum(size for _, size in config.adapter_sizes)
     points = []
     for i, o in tqdm(grid, desc="profile", unit="point", disable=not progress, leave=False):
-        batch = max(1, min(pool_tokens // (i + o), max_batch or pool_tokens))
-        prefill_s, decode_s = _measure(llama, memory, i, o, batch)
+        batch = max(1, min(free // (i + o), max_batch or pool_tokens))
+        prefill_s, decode_s = _measure(llama, memory, i, o, batch, adapters.names)
         points.append(ProfilePoint(i, o, batch, prefill_s / batch, decode_s / batch))
     return points
 
 
-def _measure(backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int) -> tuple[float, float]:
-    reqs = [Request("profile", input_len, output_len + 1, 0.0, rid=k) for k in range(batch)]
+def _measure(backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int,
+             adapters: list[str]) -> tuple[float, float]:
+    reqs = [Request("profile", input_len, output_len + 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None)
+            for k in range(batch)]
     memory.admit(reqs)
     try:
         step = backend.prefill

@@ -13,6 +13,7 @@ from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
+from slora_vtc.model.adapters import AdapterTable, adapter_table  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched import build_scheduler  # noqa: E402
 
@@ -31,17 +32,23 @@ def save_hf_llama(folder: Path, seed: int = 0, **overrides):
     return model
 
 
-def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c"), lora_rank: int = 0) -> Engine:
-    """An engine on a virtual clock (advanced by the measured step times) with adapter loading wired."""
-    config = EngineConfig(pool_tokens=pool, lora_rank=lora_rank, adapter_row_slots=backend.spec.lora_slots_per_row)
-    memory = MemoryManager(TokenPool(pool), config.adapter_slots, on_load=backend.load_adapter)
+def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c")) -> Engine:
+    """An engine on a virtual clock (advanced by the measured step times) with the backend's adapters wired."""
+    config = EngineConfig(pool_tokens=pool, lora_rank=0, adapter_row_slots=backend.spec.lora_slots_per_row,
+                          adapter_sizes=backend.adapters.sizes(backend.spec))
+    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=backend.load_adapter)
     return Engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock(), memory)
 
 
-def tiny_backend(model: str = "tiny", pool: int = 2000, lora_rank: int = 0, **kw) -> LlamaBackend:
+def tiny_backend(model: str = "tiny", pool: int = 2000, adapters: AdapterTable = AdapterTable(), **kw) -> LlamaBackend:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # as the CLI does for small models (backends.llama.build_backend)
-    return build_backend("torch", model, pool_tokens=pool, lora_rank=lora_rank, **kw)
+    return build_backend("torch", model, pool_tokens=pool, adapters=adapters, **kw)
+
+
+def dummies(n: int, rank: int) -> AdapterTable:
+    """n dummy adapters of one rank, named dummy-0 .. dummy-(n-1)."""
+    return adapter_table(dummy=n, dummy_rank=rank)
 
 
 def record_logits(backend: LlamaBackend) -> dict[int, list[torch.Tensor]]:

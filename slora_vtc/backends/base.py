@@ -37,6 +37,10 @@ class ModelBackend(ABC):
     def release(self, req: Request) -> None:
         """Forget per-request state (sampling state, caches) once the request has left."""
 
+    def has_adapter(self, name: str) -> bool:
+        """Whether the backend can serve this LoRA adapter (a simulated one serves any name: it has no weights)."""
+        return True
+
     def load_adapter(self, name: str, slots: np.ndarray) -> None:
         """Copy an adapter's weights into the pool slots just allocated for it (MemoryManager's on_load)."""
 

@@ -14,15 +14,17 @@ from itertools import accumulate, chain
 
 import numpy as np
 import torch
+from slora_vtc_kernels.reference import LoraRows
 
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
+from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, slots_per_row
 from slora_vtc.model.llama import Decode, Llama, LoraBatch, Prefill
-from slora_vtc.model.lora import LoraWeights, adapter_slots, dummy_adapter, write_adapter
+from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.sampling import SamplingParams, sample
-from slora_vtc.model.spec import resolve_spec
+from slora_vtc.model.spec import ModelSpec, resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.request import Request
 
@@ -33,6 +35,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 FIRST_DUMMY_TOKEN = 3  # dummy prompts avoid the special tokens 0-2 (unk, bos, eos in Llama's vocabulary)
 SMALL_HIDDEN = 1024  # up to this hidden size, a CPU step runs single-threaded (see build_backend)
+WARMUP_RANK = 8
 
 
 class RequestRows:
@@ -72,15 +75,55 @@ class RequestRows:
         self._free.extend(range(rows - 1, old_rows - 1, -1))
 
 
+class AdapterRows:
+    """Device-side table of the resident adapters: their slots and, per target module, their rows.
+
+    An adapter keeps its row of the table across evictions and reloads (its slots change).
+    """
+
+    def __init__(self, model: ModelSpec, device: torch.device):
+        self.model, self.device = model, device
+        self.index: dict[str, int] = {}
+        self.specs: list[AdapterSpec] = []
+        self.slots = torch.zeros((0, 0), dtype=torch.int64, device=device)
+        self._rows: dict[str, LoraRows] = {}
+
+    def put(self, adapter: AdapterSpec, slots: torch.Tensor) -> None:
+        row = self.index.setdefault(adapter.name, len(self.index))
+        if row == len(self.specs):
+            self.specs.append(adapter)
+        if row >= self.slots.shape[0] or len(slots) > self.slots.shape[1]:
+            grown = self.slots.new_zeros((max(8, 2 * row, self.slots.shape[0]), max(len(slots), self.slots.shape[1])))
+            grown[: self.slots.shape[0], : self.slots.shape[1]] = self.slots
+            self.slots = grown
+        self.slots[row, : len(slots)] = slots
+        self._rows = self._build_rows()
+
+    def batch(self, ids: torch.Tensor) -> LoraBatch:
+        return LoraBatch(self._rows, ids)
+
+    def _build_rows(self) -> dict[str, LoraRows]:
+        rows = {}
+        scales = torch.tensor([a.scale for a in self.specs], dtype=torch.float32, device=self.device)
+        for target in TARGETS:
+            layouts = [a.layout(self.model).get(target) for a in self.specs]
+            if not any(layouts):
+                continue
+            ranks = [a.rank if where else 0 for a, where in zip(self.specs, layouts)]
+            starts = [where[0] if where else 0 for where in layouts]
+            rows[target] = LoraRows(self.slots[: len(self.specs)], torch.tensor(starts, device=self.device),
+                                    torch.tensor(ranks, device=self.device), scales, max(ranks), slots_per_row(self.model, target))
+        return rows
+
+
 class LlamaBackend(ModelBackend):
-    def __init__(self, model: Llama, sampling: SamplingParams = SamplingParams(), lora_rank: int = 0,
-                 lora_scale: float = 1.0, seed: int = 0, adapters: dict[str, LoraWeights] | None = None):
+    def __init__(self, model: Llama, sampling: SamplingParams = SamplingParams(), adapters: AdapterTable = AdapterTable(),
+                 seed: int = 0):
         self.model, self.spec, self.device = model, model.spec, model.device
-        self.sampling, self.lora_rank, self.lora_scale, self.seed = sampling, lora_rank, lora_scale, seed
-        self.adapters = dict(adapters or {})  # adapters with given weights; any other name gets dummy ones
+        self.sampling, self.adapters, self.seed = sampling, adapters, seed
         self.rows = RequestRows(self.device)
-        self._adapter_index: dict[str, int] = {}  # name -> row of _adapter_slots (kept across reloads)
-        self._adapter_slots = torch.zeros((0, adapter_slots(self.spec, lora_rank)), dtype=torch.int64, device=self.device)
+        self.resident = AdapterRows(self.spec, self.device)
+        self._host_weights = {a.name: peft_adapter(self.spec, a) for a in adapters.adapters if a.path is not None}  # read (and checked) once
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
 
@@ -94,20 +137,19 @@ class LlamaBackend(ModelBackend):
     def release(self, req: Request) -> None:
         self.rows.remove(req.rid)
 
+    def has_adapter(self, name: str) -> bool:
+        return name in self.adapters
+
     @torch.inference_mode()
     def load_adapter(self, name: str, slots: np.ndarray) -> None:
         """MemoryManager's on_load hook: copy the adapter's weights into its freshly allocated slots."""
-        weights = self.adapters.get(name) or dummy_adapter(self.spec, name, self.lora_rank, self.device, self.model.weights.embed.dtype, self.seed)
-        if weights.rank != self.lora_rank:
-            raise UserError(f"adapter '{name}' has rank {weights.rank}, the engine was configured for rank {self.lora_rank}")
+        adapter = self.adapters.get(name)
         slots_t = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
+        if len(slots_t) != adapter.slots(self.spec):
+            raise ValueError(f"adapter '{name}' needs {adapter.slots(self.spec)} slots, the pool gave {len(slots_t)}")
+        weights = self._host_weights.get(name) or dummy_adapter(self.spec, adapter, self.device, self.model.weights.embed.dtype, self.seed)
         write_adapter(self.model.pool, slots_t, weights, self.spec)
-        index = self._adapter_index.setdefault(name, len(self._adapter_index))
-        if index >= self._adapter_slots.shape[0]:
-            grown = self._adapter_slots.new_zeros((max(8, 2 * index), self._adapter_slots.shape[1]))
-            grown[: self._adapter_slots.shape[0]] = self._adapter_slots
-            self._adapter_slots = grown
-        self._adapter_slots[index] = slots_t
+        self.resident.put(adapter, slots_t)
 
     # -- steps ----------------------------------------------------------------------------
     def _timed(self, run, reqs: list[Request], skip: set[int] = frozenset()) -> StepResult:
@@ -139,7 +181,7 @@ class LlamaBackend(ModelBackend):
         slots, cu_t, adapter_t, lens_t = host.to(self.device).split([cu[-1], len(cu), len(reqs), len(reqs)])
         starts = torch.repeat_interleave(cu_t[:-1], lens_t, output_size=cu[-1])
         positions = torch.arange(cu[-1], device=self.device) - starts
-        lora = self._lora(adapter_t) if max(adapters) >= 0 else None
+        lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
         logits = self.model.forward(Prefill(self._prompt_tokens(reqs, cu), positions, slots, cu_t, max(lens), lora))
         nxt = self._sample(reqs, logits)
 
@@ -156,7 +198,7 @@ class LlamaBackend(ModelBackend):
         self.rows.table[rows, positions] = new_slots
         seq_lens = positions + 1
         max_len = max(r.held_tokens for r in reqs)  # == max(seq_lens), known on the host without a sync
-        lora = self._lora(self.rows.adapter[rows]) if any(self._adapter_of(r) >= 0 for r in reqs) else None
+        lora = self.resident.batch(self.rows.adapter[rows]) if any(self._adapter_of(r) >= 0 for r in reqs) else None
         batch = Decode(self.rows.last[rows], positions, new_slots, self.rows.table[rows, :max_len], seq_lens, lora)
         nxt = self._sample(reqs, self.model.forward(batch))
         self.rows.lens[rows], self.rows.last[rows] = seq_lens, nxt
@@ -176,12 +218,7 @@ class LlamaBackend(ModelBackend):
         return nxt
 
     def _adapter_of(self, req: Request) -> int:
-        if self.lora_rank == 0 or req.adapter is None:
-            return -1
-        return self._adapter_index.get(req.adapter, -1)
-
-    def _lora(self, ids: torch.Tensor) -> LoraBatch:
-        return LoraBatch(self._adapter_slots, ids, self.lora_rank, self.lora_scale)
+        return -1 if req.adapter is None else self.resident.index.get(req.adapter, -1)
 
     def _prompt_tokens(self, reqs: list[Request], cu: list[int]) -> torch.Tensor:
         """The prompts' token ids; a request given only a length gets random ids after a BOS."""
@@ -210,17 +247,18 @@ class LlamaBackend(ModelBackend):
     def warmup(self) -> None:
         """Run every kernel once (Triton compiles on first use) on pool slots no request holds yet.
 
-        Two 8-token prompts (one with a dummy adapter when LoRA is on), then one decode step.
+        Two 8-token prompts (one with a rank-8 attention+MLP adapter), then one decode step.
         """
         spec, pool, dev = self.spec, self.model.pool, self.device
-        n, lora_n = 16, adapter_slots(spec, self.lora_rank)
+        adapter = AdapterSpec("warmup", WARMUP_RANK, float(WARMUP_RANK), TARGETS)
+        n, lora_n = 16, adapter.slots(spec)
         if pool.num_slots < n + lora_n:
             return
-        lora = None
-        if self.lora_rank:
-            lora_slots = torch.arange(n, n + lora_n, device=dev)
-            write_adapter(pool, lora_slots, dummy_adapter(spec, "warmup", self.lora_rank, dev, pool.k.dtype), spec)
-            lora = LoraBatch(lora_slots[None], torch.tensor([0, -1], device=dev), self.lora_rank, self.lora_scale)
+        warm = AdapterRows(spec, dev)
+        lora_slots = torch.arange(n, n + lora_n, device=dev)
+        write_adapter(pool, lora_slots, dummy_adapter(spec, adapter, dev, pool.k.dtype), spec)
+        warm.put(adapter, lora_slots)
+        lora = warm.batch(torch.tensor([0, -1], device=dev))
         slots = torch.arange(n, device=dev)
         positions = torch.arange(n, device=dev) % 8
         tokens = torch.full((n,), spec.bos_token_id, device=dev)
@@ -255,13 +293,13 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, lora_rank: int = 0, device: str | None = None,
-                  dtype: str | None = None, seed: int = 0, sampling: SamplingParams = SamplingParams(),
-                  lora_scale: float = 1.0) -> LlamaBackend:
+def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, adapters: AdapterTable = AdapterTable(), device: str | None = None,
+                  dtype: str | None = None, seed: int = 0, sampling: SamplingParams = SamplingParams()) -> LlamaBackend:
     """A real backend (`torch`: torch ops, `triton`: Triton kernels) for a spec name or model folder."""
     if name not in BACKEND_OPS:
         raise UserError(f"unknown real backend '{name}' (known: {', '.join(BACKEND_OPS)})")
     spec = resolve_spec(model)
+    adapters.check_fits(spec, pool_tokens)
     dev = resolve_device(name, device)  # before the kernels are imported: they may turn on the interpreter
     dt = resolve_dtype(dtype, dev)
     ops = load_ops(BACKEND_OPS[name])
@@ -270,4 +308,4 @@ def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, lor
         # (10x slower steps on a busy 2-vCPU machine). OMP_NUM_THREADS overrides this.
         torch.set_num_threads(1)
     llama = Llama(spec, load_weights(model, spec, dev, dt, seed), KVPool(spec, pool_tokens, dev, dt), ops)
-    return LlamaBackend(llama, sampling, lora_rank, lora_scale, seed)
+    return LlamaBackend(llama, sampling, adapters, seed)

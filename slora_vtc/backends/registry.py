@@ -11,6 +11,7 @@ from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.config import DEFAULT_POOL_TOKENS
 from slora_vtc.errors import UserError
+from slora_vtc.model.adapters import AdapterTable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +19,7 @@ class BackendSettings:
     """Everything a backend may need to be built; each backend reads the fields that apply to it."""
 
     pool_tokens: int = DEFAULT_POOL_TOKENS
-    lora_rank: int = 0
+    adapters: AdapterTable = AdapterTable()  # real: the LoRA adapters it may serve (PEFT folders and dummies)
     profile: str | None = None  # sim: a cost-profile file to refit the step-time model to
     testbed: str = DEFAULT_TESTBED  # sim: a testbed name, or a file written by `slora-vtc calibrate --out`
     model: str | None = None  # real: a ModelSpec name or a Hugging Face folder
@@ -48,7 +49,7 @@ def _llama(ops: str) -> Callable[[BackendSettings], ModelBackend]:
     def build(s: BackendSettings) -> ModelBackend:
         from slora_vtc.backends.llama import build_backend  # imports torch
 
-        return build_backend(ops, s.model or BACKENDS[ops].default_model, s.pool_tokens, s.lora_rank, s.device, s.dtype, s.seed)
+        return build_backend(ops, s.model or BACKENDS[ops].default_model, s.pool_tokens, s.adapters, s.device, s.dtype, s.seed)
 
     return build
 

@@ -10,6 +10,7 @@ from slora_vtc.cli.report import summary_table
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, run_experiment
 from slora_vtc.memory import fits_alone
+from slora_vtc.model.spec import resolve_spec
 from slora_vtc.results import RunResult, write_results
 from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler, split_specs
 from slora_vtc.suites import SUITES, get_suite
@@ -37,10 +38,13 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
                    help="tokens the serving path adds to every prompt (default 1: the artifact's server puts a BOS before the client's text)")
     p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
     p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
-    p.add_argument("--adapters", type=int, help="LoRA adapters the clients share, client i using adapter i mod N (default: one per client; 0: none)")
-    p.add_argument("--adapter-rank", type=int, default=8, help="rank of every LoRA adapter (default 8)")
+    p.add_argument("--dummy-adapters", "--adapters", dest="adapters", type=int,
+                   help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N (default: one per client on the simulator, "
+                        "none on a real backend; 0: none)")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
     real = p.add_argument_group("real backends (torch, triton)")
     add_model_args(real)
+    add_lora_arg(real)
     real.add_argument("--time-scale", type=float, default=1.0, help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)")
 
 
@@ -52,13 +56,25 @@ def add_model_args(p, backend: bool = False) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU")
 
 
+def add_lora_arg(p) -> None:
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors); repeat for more")
+
+
+def add_adapter_args(p) -> None:
+    """--lora, --dummy-adapters, --adapter-rank: the adapters a real model serves."""
+    add_lora_arg(p)
+    p.add_argument("--dummy-adapters", type=int, default=0, help="also N dummy adapters with random weights, named dummy-0 .. dummy-N-1")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy adapters (default 8)")
+
+
 def experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
         suite=args.suite, scheduler=scheduler, pool_tokens=args.pool_tokens, duration=args.duration, seed=args.seed,
         cost=args.cost, lift=args.lift, extra_charge_at_finish=args.extra_charge_at_finish, profile=args.profile,
         testbed=args.testbed, added_tokens=args.added_tokens, jitter_ms=args.jitter_ms,
         backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
-        time_scale=args.time_scale, device=args.device, dtype=args.dtype,
+        lora=tuple(args.lora), time_scale=args.time_scale, device=args.device, dtype=args.dtype,
     )
     check(exp)
     return exp
@@ -89,12 +105,14 @@ def _check_real_options(exp: Experiment) -> None:
         raise UserError(f"--added-tokens must not be negative, got {exp.added_tokens}")
     if not exp.jitter_ms >= 0:
         raise UserError(f"--jitter-ms must not be negative, got {exp.jitter_ms}")
-    if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank < 0:
-        raise UserError("--adapters and --adapter-rank must not be negative")
+    if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank <= 0:
+        raise UserError("--dummy-adapters must not be negative and --adapter-rank must be positive")
     if exp.time_scale <= 0:
         raise UserError(f"--time-scale must be positive, got {exp.time_scale}")
-    config = exp.engine_config()  # on a real backend this reads the model spec: a bad --model fails here
-    if exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
+    config = exp.engine_config()  # on a real backend this reads the model spec and the adapters: bad ones fail here
+    if exp.real_backend:
+        exp.adapter_table().check_fits(resolve_spec(exp.model_name), config.pool_tokens)
+    elif exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
         raise UserError(f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens")
 
 
@@ -109,6 +127,8 @@ def result_name(exp: Experiment) -> str:
             continue
         if name == "profile":
             value = Path(value).stem
+        if name == "lora":
+            value = "+".join(v.partition("=")[0] for v in value)
         parts.append(name.replace("_", "-") if value is True else f"{name.replace('_', '-')}-{value}".replace("/", "_"))
     return "_".join(parts) + ".jsonl"
 

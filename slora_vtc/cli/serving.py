@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
-from slora_vtc.cli.experiments import add_model_args, report
+from slora_vtc.cli.experiments import add_adapter_args, add_model_args, report
 
 
 def cmd_serve(args) -> int:
@@ -12,7 +12,8 @@ def cmd_serve(args) -> int:
 
     model = args.model or get_backend(args.backend).default_model
     serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
-                       pool_tokens=args.pool_tokens, lora_rank=args.lora_rank, backend=args.backend, device=args.device,
+                       pool_tokens=args.pool_tokens, lora=tuple(args.lora), dummy_adapters=args.dummy_adapters,
+                       adapter_rank=args.adapter_rank, backend=args.backend, device=args.device,
                        dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout))
     return 0
 
@@ -28,12 +29,12 @@ def cmd_bench_http(args) -> int:
 def add_parsers(sub) -> None:
     srv = sub.add_parser("serve", help="serve the real model over HTTP (OpenAI API, S-LoRA's /generate) with a fair scheduler")
     add_model_args(srv, backend=True)
+    add_adapter_args(srv)
     srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
     srv.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, LoRA adapters")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--pool-tokens", type=int, default=10_000, help="memory pool size in tokens (default 10000)")
-    srv.add_argument("--lora-rank", type=int, default=8, help="rank of the clients' LoRA adapters (default 8; 0: no LoRA)")
     srv.add_argument("--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)")
     srv.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them")
     srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")

@@ -22,10 +22,9 @@ def peak_need(to_generate_desc: list[int], held: list[int]) -> int:
 
 def fits_alone(req: Request, config: EngineConfig) -> bool:
     """Whether the request could ever be admitted (into an empty engine)."""
-    adapter = config.adapter_slots if req.adapter is not None else 0
     return (
         req.prompt_len <= config.batch_max_tokens
-        and req.prompt_len + req.max_new_tokens < config.pool_tokens - adapter
+        and req.prompt_len + req.max_new_tokens < config.pool_tokens - config.slots_of(req.adapter)
     )
 
 
@@ -41,6 +40,7 @@ class Budget:
         self._neg_to_generate: list[int] = []  # ascending, i.e. to_generate descending
         self._held: list[int] = []
         self._adapters = {r.adapter for r in running if r.adapter is not None}
+        self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)
         self._count = 0
         self._prompt_tokens = 0
         for req in running:
@@ -48,7 +48,8 @@ class Budget:
 
     @property
     def adapter_slots(self) -> int:
-        return len(self._adapters) * self.config.adapter_slots
+        """Slots of the resident adapters plus those this round has admitted, each by its own size."""
+        return self._adapter_slots
 
     def try_add(self, req: Request) -> bool:
         if self._count + 1 > self.config.max_running:
@@ -56,7 +57,7 @@ class Budget:
         if self._prompt_tokens + req.prompt_len > self.config.batch_max_tokens:
             return False
         new_adapter = req.adapter is not None and req.adapter not in self._adapters
-        adapter_slots = self.adapter_slots + (self.config.adapter_slots if new_adapter else 0)
+        adapter_slots = self._adapter_slots + (self.config.slots_of(req.adapter) if new_adapter else 0)
         to_generate, held = req.max_new_tokens - 1, req.prompt_len + 1
         pos = bisect_right(self._neg_to_generate, -to_generate)
         need = peak_need(
@@ -71,6 +72,7 @@ class Budget:
         self._prompt_tokens += req.prompt_len
         if new_adapter:
             self._adapters.add(req.adapter)
+            self._adapter_slots = adapter_slots
         return True
 
     def _insert(self, to_generate: int, held: int) -> None:

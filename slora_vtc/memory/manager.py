@@ -1,6 +1,7 @@
 """Who holds which slots: each request's KV tokens and each resident LoRA adapter."""
 
 from collections.abc import Callable, Iterable
+from typing import Union
 
 import numpy as np
 
@@ -14,12 +15,14 @@ class MemoryManager:
     """S-LoRA's unified memory: KV slots and adapter slots come from the same TokenPool.
 
     Adapters are loaded when a batch that needs them is admitted and evicted once no running
-    request uses them. A real backend passes `on_load` to copy the adapter's weights into its slots.
+    request uses them. `adapter_slots` is what one adapter takes: a number, or a function of its
+    name (EngineConfig.slots_of: adapters of different ranks and targets differ). A real backend
+    passes `on_load` to copy the adapter's weights into its slots.
     """
 
-    def __init__(self, pool: TokenPool, adapter_slots: int, on_load: AdapterHook | None = None):
+    def __init__(self, pool: TokenPool, adapter_slots: Union[int, Callable[[str], int]], on_load: AdapterHook | None = None):
         self.pool = pool
-        self.adapter_slots = adapter_slots
+        self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
         self.adapters: dict[str, np.ndarray] = {}
 
@@ -45,9 +48,12 @@ class MemoryManager:
             self.pool.free(self.adapters.pop(name))
 
     def _ensure_adapter(self, name: str | None) -> None:
-        if name is None or name in self.adapters or self.adapter_slots == 0:
+        if name is None or name in self.adapters:
             return
-        slots = self.pool.alloc(self.adapter_slots)
+        size = self.slots_of(name)
+        if size == 0:
+            return
+        slots = self.pool.alloc(size)
         self.adapters[name] = slots
         if self._on_load is not None:
             self._on_load(name, slots)

@@ -2,9 +2,11 @@
 
 x = embed(tokens); per layer: x += attention(rms_norm(x)); x += mlp(rms_norm(x));
 logits = lm_head(rms_norm(x)) at each request's last token.
-attention: q, k, v = W_qkv h (+ each token's LoRA delta); rotate q, k; write k, v into the pool;
-prefill attends causally within each prompt, decode attends over the request's slots in the pool.
+attention: q, k, v = W_qkv h; rotate q, k; write k, v into the pool; prefill attends causally
+within each prompt, decode attends over the request's slots in the pool; o = W_o attn.
 mlp (SwiGLU): W_down (silu(W_gate h) * W_up h).
+Each of q, k, v, o, gate, up, down adds its LoRA delta scale * B A x for the requests whose
+adapter targets it, every request with its own adapter (ranks may differ within a batch).
 
 Every kernel comes from `ops` (torch references on a CPU, Triton on a GPU), so one model file
 serves both backends.
@@ -14,21 +16,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from slora_vtc_kernels.reference import LoraRows
 
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.weights import LayerWeights, LlamaWeights
 
-Q, K, V, O = range(4)  # LoRA projections, in the pool's row order
-
 
 @dataclass(frozen=True)
 class LoraBatch:
-    slots: torch.Tensor  # [A, 4 r slots_per_row]: pool slots of each resident adapter
-    ids: torch.Tensor  # [B]: each request's adapter (a row of `slots`), -1 for none
-    rank: int
-    scale: float
+    """The adapters a batch uses: per target module, where every resident adapter's rows lie."""
+
+    rows: dict[str, LoraRows]  # target module -> rows; a module no resident adapter adapts is absent
+    ids: torch.Tensor  # [B]: each request's adapter (a row of every LoraRows), -1 for none
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Llama:
         x = F.embedding(batch.tokens, w.embed)
         for i, layer in enumerate(w.layers):
             x = x + self.attention(i, layer, self.ops.rms_norm(x, layer.attn_norm, eps), batch)
-            x = x + self.mlp(layer, self.ops.rms_norm(x, layer.mlp_norm, eps))
+            x = x + self.mlp(i, layer, self.ops.rms_norm(x, layer.mlp_norm, eps), batch)
         if isinstance(batch, Prefill):
             x = x[batch.last]
         return F.linear(self.ops.rms_norm(x, w.norm, eps), w.lm_head).float()
@@ -85,7 +86,7 @@ class Llama:
         s, ops = self.spec, self.ops
         q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
         if batch.lora is not None:
-            q, k, v = (self.lora(i, h, out.contiguous(), proj, batch) for proj, out in ((Q, q), (K, k), (V, v)))
+            q, k, v = (self.lora(i, h, out, target, batch) for target, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)))
         q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq)
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         k_cache, v_cache = self.pool.k[i], self.pool.v[i]
@@ -95,23 +96,25 @@ class Llama:
         else:
             o = ops.decode_attention(q, k_cache, v_cache, batch.slot_table, batch.seq_lens, self.scale)
         o = o.reshape(-1, s.q_width)
-        out = F.linear(o, layer.wo)
-        if batch.lora is not None:
-            self.lora(i, o, out, O, batch)
-        return out
+        return self.lora(i, o, F.linear(o, layer.wo), "o_proj", batch)
 
-    def lora(self, i: int, x: torch.Tensor, out: torch.Tensor, proj: int, batch: Prefill | Decode) -> torch.Tensor:
-        """out += scale * B A x with each request's own adapter, in place."""
-        ops, lora, k_cache, v_cache = self.ops, batch.lora, self.pool.k[i], self.pool.v[i]
+    def lora(self, i: int, x: torch.Tensor, out: torch.Tensor, target: str, batch: Prefill | Decode) -> torch.Tensor:
+        """out + scale * B A x with each request's own adapter for this module (out itself when none adapts it)."""
+        rows = batch.lora.rows.get(target) if batch.lora is not None else None
+        if rows is None:
+            return out
+        ops, ids, k_cache, v_cache = self.ops, batch.lora.ids, self.pool.k[i], self.pool.v[i]
+        out = out.contiguous()
         if isinstance(batch, Prefill):  # one adapter per prompt segment
-            seg = batch.cu_seqlens, lora.ids
-            y = ops.lora_shrink_segments(x, k_cache, lora.slots, *seg, proj, lora.rank, batch.max_seqlen)
-            ops.lora_expand_segments(y, v_cache, lora.slots, *seg, proj, lora.rank, out, lora.scale, batch.max_seqlen)
+            y = ops.lora_shrink_segments(x, k_cache, rows, batch.cu_seqlens, ids, batch.max_seqlen)
+            ops.lora_expand_segments(y, v_cache, rows, batch.cu_seqlens, ids, out, batch.max_seqlen)
         else:
-            y = ops.lora_shrink(x, k_cache, lora.slots, lora.ids, proj, lora.rank)
-            ops.lora_expand(y, v_cache, lora.slots, lora.ids, proj, lora.rank, out, lora.scale)
+            y = ops.lora_shrink(x, k_cache, rows, ids)
+            ops.lora_expand(y, v_cache, rows, ids, out)
         return out
 
-    def mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    def mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Prefill | Decode) -> torch.Tensor:
         gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w_down)
+        gate, up = self.lora(i, h, gate, "gate_proj", batch), self.lora(i, h, up, "up_proj", batch)
+        act = F.silu(gate) * up
+        return self.lora(i, act, F.linear(act, layer.w_down), "down_proj", batch)

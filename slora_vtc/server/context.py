@@ -5,6 +5,7 @@ from pathlib import Path
 
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
+from slora_vtc.model.adapters import AdapterTable, adapter_table
 from slora_vtc.model.spec import ModelSpec, is_folder, resolve_spec
 from slora_vtc.server.clients import Clients, load_clients, scheduler_for
 from slora_vtc.server.service import EngineService
@@ -19,7 +20,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     pool_tokens: int = 10_000
-    lora_rank: int = 8  # rank of every client adapter (slots are charged only for clients that have one)
+    lora: tuple[str, ...] = ()  # PEFT adapters, NAME=PATH
+    dummy_adapters: int = 0  # also this many dummy adapters (dummy-0 ..), of rank adapter_rank
+    adapter_rank: int = 8
     backend: str = "torch"
     device: str | None = None
     dtype: str | None = None
@@ -30,8 +33,6 @@ class ServerConfig:
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
-        if self.lora_rank < 0:
-            raise UserError(f"--lora-rank must not be negative, got {self.lora_rank}")
         if self.drain_s < 0:
             raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
 
@@ -42,6 +43,7 @@ class ServerContext:
     spec: ModelSpec
     tokenizer: Tokenizer
     clients: Clients
+    adapters: AdapterTable
     engine_config: EngineConfig
     service: EngineService
 
@@ -50,14 +52,14 @@ class ServerContext:
         return Path(self.config.model).name if is_folder(self.config.model) else self.config.model
 
 
-def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients) -> EngineConfig:
-    engine = EngineConfig(pool_tokens=config.pool_tokens, lora_rank=config.lora_rank, adapter_row_slots=spec.lora_slots_per_row)
-    adapters = {c.adapter for c in [*clients.named.values(), clients.default] if c.adapter}
-    if adapters and config.lora_rank == 0:
-        raise UserError("the clients file gives LoRA adapters, but --lora-rank is 0")
-    if engine.lora_rank and engine.adapter_slots >= engine.pool_tokens:
-        raise UserError(f"an adapter of rank {config.lora_rank} takes {engine.adapter_slots} pool slots, more than the pool of {config.pool_tokens}")
-    return engine
+def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, adapters: AdapterTable) -> EngineConfig:
+    """The engine's config; every adapter the clients file names must be one the server has, and fit the pool."""
+    for client in [*clients.named.values(), clients.default]:
+        if client.adapter and client.adapter not in adapters:
+            known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
+            raise UserError(f"{config.clients_file}: client '{client.name}' uses LoRA adapter '{client.adapter}', which this server does not have (known: {known})")
+    adapters.check_fits(spec, config.pool_tokens)
+    return EngineConfig(pool_tokens=config.pool_tokens, lora_rank=0, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=adapters.sizes(spec))
 
 
 def build_context(config: ServerConfig) -> ServerContext:
@@ -66,20 +68,22 @@ def build_context(config: ServerConfig) -> ServerContext:
     spec = resolve_spec(config.model)
     tokenizer = load_tokenizer(config.model, spec, config.tokenizer)
     clients = load_clients(config.clients_file)
-    engine_config = engine_config_for(config, spec, clients)
+    adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
+    engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
-    return ServerContext(config, spec, tokenizer, clients, engine_config, EngineService(_engine(config, engine_config, scheduler)))
+    service = EngineService(_engine(config, engine_config, scheduler, adapters))
+    return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
 
 
-def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler):
+def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapters: AdapterTable):
     from slora_vtc.backends.registry import BackendSettings, build_backend
     from slora_vtc.clock import WallClock
     from slora_vtc.engine import Engine
     from slora_vtc.memory import MemoryManager, TokenPool
 
-    settings = BackendSettings(pool_tokens=config.pool_tokens, lora_rank=config.lora_rank, model=config.model,
+    settings = BackendSettings(pool_tokens=config.pool_tokens, adapters=adapters, model=config.model,
                                device=config.device, dtype=config.dtype, seed=config.seed)
     backend = build_backend(config.backend, settings)
     backend.warmup()
-    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.adapter_slots, on_load=backend.load_adapter)
+    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.slots_of, on_load=backend.load_adapter)
     return Engine(engine_config, scheduler, backend, WallClock(), memory)

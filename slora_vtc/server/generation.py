@@ -48,7 +48,7 @@ def prompt_ids(ctx: ServerContext, prompt: str | list[int]) -> list[int]:
 def room(ctx: ServerContext, prompt_len: int, adapter: str | None) -> int:
     """The most new tokens a prompt could be given: within the model's context and the pool alone."""
     cfg = ctx.engine_config
-    pool = cfg.pool_tokens - (cfg.adapter_slots if adapter else 0)
+    pool = cfg.pool_tokens - cfg.slots_of(adapter)
     return min(ctx.spec.max_position - prompt_len, pool - 1 - prompt_len)
 
 
@@ -60,6 +60,9 @@ def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_to
                 ignore_eos: bool, adapter: str | None) -> Request:
     """A Request that the engine can serve, or ApiError(400) saying why it never could."""
     n, context = len(ids), ctx.spec.max_position
+    if adapter is not None and adapter not in ctx.adapters:
+        known = ", ".join(ctx.adapters.names) or "none: this server was started without --lora or --dummy-adapters"
+        raise ApiError(400, f"unknown LoRA adapter '{adapter}' (known: {known})")
     if n + max_tokens > context:
         raise ApiError(400, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens")
     req = Request(client.name, n, max_tokens, ctx.service.clock.now(), adapter=adapter, prompt_ids=ids,
@@ -73,8 +76,8 @@ def _never_fits(ctx: ServerContext, req: Request) -> str:
     cfg = ctx.engine_config
     if req.prompt_len > cfg.batch_max_tokens:
         return f"the prompt ({req.prompt_len} tokens) is longer than a prefill batch may be ({cfg.batch_max_tokens} tokens)"
-    adapter = f", {cfg.adapter_slots} of them for the LoRA adapter" if req.adapter else ""
-    most = cfg.pool_tokens - (cfg.adapter_slots if req.adapter else 0) - 1 - req.prompt_len
+    adapter = f", {cfg.slots_of(req.adapter)} of them for the LoRA adapter" if req.adapter else ""
+    most = cfg.pool_tokens - cfg.slots_of(req.adapter) - 1 - req.prompt_len
     if most < 1:
         return f"the prompt ({req.prompt_len} tokens) is too long for the memory pool of {cfg.pool_tokens} tokens{adapter}"
     return (f"the prompt ({req.prompt_len} tokens) plus max_tokens ({req.max_new_tokens}) can never fit the memory pool "

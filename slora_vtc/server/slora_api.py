@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 
 from slora_vtc.server.deps import Caller, caller
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.generation import Generation, new_request, prompt_ids, sampling, sse, sse_response
 from slora_vtc.server.protocol import GenerateRequest
 
@@ -35,8 +34,6 @@ async def generate_stream(body: GenerateRequest, who: Caller = Depends(caller)):
 
 async def _start(who: Caller, body: GenerateRequest) -> Generation:
     ctx, client = who.ctx, who.client()
-    if body.lora_dir and not ctx.engine_config.lora_rank:
-        raise ApiError(400, "lora_dir: this server runs without LoRA (--lora-rank 0)")
     p = body.parameters
     params = sampling(p.temperature if p.do_sample else 0.0, p.top_p, p.top_k)
     ids = prompt_ids(ctx, body.inputs)

@@ -6,7 +6,7 @@ import time
 
 import torch
 from conftest import assert_clean
-from llama_util import real_engine, record_logits, request, tiny_backend
+from llama_util import dummies, real_engine, record_logits, request, tiny_backend
 
 from slora_vtc.cli import main
 from slora_vtc.clock import WallClock
@@ -24,13 +24,13 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 def test_pool_is_clean_after_a_run_and_adapters_share_it_with_kv():
-    backend = tiny_backend(pool=400, lora_rank=RANK)
+    backend = tiny_backend(pool=400, adapters=dummies(2, RANK))
     loads = []
     load = backend.load_adapter
     backend.load_adapter = lambda name, slots: (loads.append(name), load(name, slots))
-    engine = real_engine(backend, pool=400, lora_rank=RANK)
+    engine = real_engine(backend, pool=400)
     engine.memory._on_load = backend.load_adapter
-    adapters = ["x", "y", None]
+    adapters = ["dummy-0", "dummy-1", None]
     requests = [request(prompt(8 + 5 * (i % 4), i), 6 + 3 * (i % 5), client="abc"[i % 3], adapter=adapters[i % 3], arrival=0.01 * i)
                 for i in range(30)]
     mem = engine.memory
@@ -50,18 +50,18 @@ def test_pool_is_clean_after_a_run_and_adapters_share_it_with_kv():
 def test_adapter_slots_count_in_admission():
     """Two requests fit the pool together without adapters, not with two distinct ones."""
     def served(adapters):
-        backend = tiny_backend(pool=200, lora_rank=RANK)
+        backend = tiny_backend(pool=200, adapters=dummies(2, RANK))
         reqs = [request(prompt(40, i), 40, adapter=a) for i, a in enumerate(adapters)]
-        engine = real_engine(backend, pool=200, lora_rank=RANK)
+        engine = real_engine(backend, pool=200)
         engine.run(reqs)
         assert_clean(engine, reqs)
         return reqs
 
-    a, b = served(["x", "x"])  # 2 * 80 + 32 < 200: admitted together
+    a, b = served(["dummy-0", "dummy-0"])  # 2 * 80 + 32 < 200: admitted together
     assert a.first_token_time == b.first_token_time
-    a, b = served(["x", "y"])  # 2 * 80 + 2 * 32 > 200: b waits until a has made room
+    a, b = served(["dummy-0", "dummy-1"])  # 2 * 80 + 2 * 32 > 200: b waits until a has made room
     assert b.first_token_time > a.first_token_time
-    assert Experiment(suite="overload", scheduler="vtc", backend="torch", adapter_rank=8).engine_config().adapter_slots == 64
+    assert Experiment(suite="overload", scheduler="vtc", backend="torch", adapters=1, adapter_rank=8).engine_config().slots_of("dummy-0") == 64
     assert Experiment(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32  # the simulator's default is unchanged
 
 

@@ -12,12 +12,15 @@ from llama_util import real_engine, record_logits, request, tiny_backend
 
 from slora_vtc.backends.llama import LlamaBackend
 from slora_vtc.errors import UserError
+from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable
 from slora_vtc.model.llama import Llama
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
 
-PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64, 3], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11]]
-ADAPTERS = ["x", None, "y"]
+PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64, 3], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11], [1, 5, 6, 7]]
+ADAPTERS = ["r2", None, "r4-all", "r2"]
+# one batch mixing ranks 2 and 4, attention-only and attention + MLP, different scales, and no adapter
+TABLE = AdapterTable((AdapterSpec("r2", 2, 4.0), AdapterSpec("r4-all", 4, 2.0, TARGETS)))
 
 
 def triton_ops():
@@ -38,16 +41,16 @@ def device() -> str:
 def serve(backend: LlamaBackend):
     logits = record_logits(backend)
     requests = [request(p, 4, adapter=a) for p, a in zip(PROMPTS, ADAPTERS)]
-    real_engine(backend, pool=400, clients=("a",), lora_rank=backend.lora_rank).run(requests)
+    real_engine(backend, pool=400, clients=("a",)).run(requests)
     return [torch.stack(logits[r.rid]) for r in requests], [r.output_ids for r in requests]
 
 
 def test_triton_kernels_run_the_model_like_the_torch_ops():
     dev = device()
     ops = triton_ops()
-    torch_backend = tiny_backend(pool=400, lora_rank=2, seed=5, device=dev, dtype="float32")
+    torch_backend = tiny_backend(pool=400, adapters=TABLE, seed=5, device=dev, dtype="float32")
     model = torch_backend.model
-    triton_backend = LlamaBackend(Llama(model.spec, model.weights, KVPool(model.spec, 400, dev, torch.float32), ops), lora_rank=2, seed=5)
+    triton_backend = LlamaBackend(Llama(model.spec, model.weights, KVPool(model.spec, 400, dev, torch.float32), ops), adapters=TABLE, seed=5)
     (want, want_ids), (got, got_ids) = serve(torch_backend), serve(triton_backend)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w.cpu(), atol=1e-4, rtol=1e-4)

@@ -50,7 +50,7 @@ def test_bench_http_where_every_request_fails_says_why(tmp_path, capsys):
     """The README's example server lists API keys: a replay without --clients gets 401 for every request."""
     trace = write_trace(tmp_path / "t.jsonl", [("alice", 4, 2, 0.0), ("bob", 4, 2, 0.01), ("alice", 4, 2, 0.02)])
     clients = str(REPO / "examples" / "clients.toml")
-    with running_server(pool_tokens=1000, clients_file=clients) as srv:
+    with running_server(pool_tokens=1000, clients_file=clients, dummy_adapters=1) as srv:
         code = main(["bench-http", str(trace), "--url", srv.url, "--out", str(tmp_path / "r.jsonl")])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1

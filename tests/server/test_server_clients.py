@@ -19,7 +19,7 @@ rpm = 1000
 [clients.alice]
 api_key = "key-a"
 weight = 2.0
-adapter = "alice-lora"
+adapter = "dummy-0"
 
 [clients.bob]
 api_key = "key-b"
@@ -37,7 +37,7 @@ def write(tmp_path, text: str):
 def test_load_clients(tmp_path):
     clients = load_clients(write(tmp_path, CLIENTS))
     assert clients.keys_required
-    assert clients.by_key("key-a").weight == 2.0 and clients.by_key("key-a").adapter == "alice-lora"
+    assert clients.by_key("key-a").weight == 2.0 and clients.by_key("key-a").adapter == "dummy-0"
     assert clients.by_key("key-b").rpm == 2
     assert clients.default.rpm == 1000
     with pytest.raises(Unauthorized, match="unknown API key"):
@@ -96,7 +96,7 @@ def test_rate_limited_wrapper_counts_accepted_arrivals_per_client():
 def keyed(tmp_path_factory):
     path = tmp_path_factory.mktemp("clients") / "clients.toml"
     path.write_text(CLIENTS)
-    with running_server(pool_tokens=2000, clients_file=str(path)) as srv:
+    with running_server(pool_tokens=2000, clients_file=str(path), dummy_adapters=1) as srv:
         yield srv
 
 
@@ -140,3 +140,16 @@ def test_adapter_request_that_can_never_fit_names_the_adapter(keyed):
     r = httpx2.post(f"{keyed.url}/generate", json={"inputs": [1] * 10, "parameters": {"max_new_tokens": 1930}},
                     headers={"Authorization": "Bearer key-a"})
     assert r.status_code == 400 and "for the LoRA adapter" in r.json()["error"]["message"]
+
+
+def test_a_clients_file_naming_an_adapter_the_server_lacks_is_refused(tmp_path):
+    from slora_vtc.server.context import ServerConfig, build_context
+
+    with pytest.raises(UserError, match="client 'alice' uses LoRA adapter 'dummy-0', which this server does not have"):
+        build_context(ServerConfig(clients_file=str(write(tmp_path, CLIENTS)), pool_tokens=2000))
+
+
+def test_generate_naming_an_unknown_lora_dir_gets_400(keyed):
+    r = httpx2.post(f"{keyed.url}/generate", json={"inputs": "x", "lora_dir": "/some/folder", "parameters": {"max_new_tokens": 2}},
+                    headers={"Authorization": "Bearer key-b"})
+    assert r.status_code == 400 and "unknown LoRA adapter '/some/folder' (known: dummy-0)" in r.json()["error"]["message"]

@@ -70,7 +70,7 @@ def _sample(text: str) -> dict:
 
 @pytest.mark.parametrize("scheduler", ["vtc", "fcfs"])
 def test_flood(scheduler):
-    with running_server(pool_tokens=POOL, lora_rank=0, scheduler=scheduler) as srv:
+    with running_server(pool_tokens=POOL, scheduler=scheduler) as srv:
         backlogged = flood(srv.url)
         srv.wait_idle()
     assert len(backlogged) >= 5, "the watcher saw too few moments with both clients backlogged"

@@ -87,7 +87,7 @@ def test_tokenizer_choice(tmp_path, hf_folder):
 def test_server_on_a_model_folder_uses_its_tokenizer(hf_folder):
     from openai import OpenAI
 
-    with running_server(model=str(hf_folder), pool_tokens=200, lora_rank=0) as srv:
+    with running_server(model=str(hf_folder), pool_tokens=200) as srv:
         client = OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
         r = client.completions.create(model="m", prompt="hello world", max_tokens=3, extra_body={"ignore_eos": True})
         assert r.model == hf_folder.name and r.usage.completion_tokens == 3

@@ -64,6 +64,23 @@ def test_adapter_slots_count_each_distinct_adapter():
     assert not Budget(config(132, lora_rank=2), run).try_add(req("c", 30, 41, adapter="B"))
 
 
+def test_adapters_of_different_sizes_count_each_at_its_own_size():
+    # need 116 as above; A takes 8 slots (the rank-2 default), B 30 (say rank 8 with MLP targets)
+    sizes = (("B", 30),)
+    run = [running(50, 20, 5, adapter="A")]
+    # A resident + B new: 116 < pool - 38 iff pool >= 155
+    assert Budget(config(155, lora_rank=2, adapter_sizes=sizes), run).try_add(req("c", 30, 41, adapter="B"))
+    assert not Budget(config(154, lora_rank=2, adapter_sizes=sizes), run).try_add(req("c", 30, 41, adapter="B"))
+    # B resident, the candidate adds nothing new: 116 < pool - 30 iff pool >= 147
+    run_b = [running(50, 20, 5, adapter="B")]
+    assert Budget(config(147, lora_rank=2, adapter_sizes=sizes), run_b).try_add(req("c", 30, 41, adapter="B"))
+    assert not Budget(config(146, lora_rank=2, adapter_sizes=sizes), run_b).try_add(req("c", 30, 41, adapter="B"))
+    # alone in an empty engine: prompt + output < pool - its own adapter (10 + 159 < 200 - 30; 10 + 160 is not)
+    assert fits_alone(req("c", 10, 159, adapter="B"), config(200, lora_rank=2, adapter_sizes=sizes))
+    assert not fits_alone(req("c", 10, 160, adapter="B"), config(200, lora_rank=2, adapter_sizes=sizes))
+    assert fits_alone(req("c", 10, 160, adapter="A"), config(200, lora_rank=2, adapter_sizes=sizes))
+
+
 def test_adapter_of_an_earlier_candidate_is_counted():
     budget = Budget(config(30, lora_rank=2), [])
     assert budget.try_add(req("c", 5, 5, adapter="A"))  # need 10 < 30 - 8

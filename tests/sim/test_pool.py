@@ -75,6 +75,21 @@ def test_memory_manager_loads_each_adapter_once_and_evicts_unused():
     assert pool.num_free == 100 and mm.adapters == {}
 
 
+def test_memory_manager_gives_each_adapter_its_own_size():
+    pool = TokenPool(100)
+    mm = MemoryManager(pool, {"A": 3, "B": 17}.__getitem__)
+    a, b = req("a", 10, 5, adapter="A"), req("b", 7, 5, adapter="B")
+    mm.admit([a, b])
+    assert {name: len(slots) for name, slots in mm.adapters.items()} == {"A": 3, "B": 17}
+    assert pool.num_used == 10 + 7 + 3 + 17
+    mm.release(a)
+    mm.evict_unused([b])
+    assert pool.num_used == 7 + 17
+    mm.release(b)
+    mm.evict_unused([])
+    assert pool.num_free == 100
+
+
 @pytest.mark.parametrize("spec", ["fcfs", "rpm:20", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"])
 @pytest.mark.parametrize("suite", ["overload", "on_off_overload", "poisson_short_long_2"])
 def test_suite_runs_leave_the_pool_empty(suite, spec):
