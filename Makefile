@@ -34,6 +34,7 @@ test-sim: $(SIM)
 
 bench: $(REAL)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/cpu_decode.py --record
 	$(PY) -m slora_vtc docs --write
 
 clean:

@@ -1,7 +1,7 @@
 """Benchmarks of slora_vtc on the CPU: simulator speed, scheduler overhead, figure rendering.
 
-    .venv/bin/python benchmarks/run.py                 # everything (make bench), ~45 s on 2 cores
-    .venv/bin/python benchmarks/run.py --quick         # smoke run, ~6 s, no figures
+    .venv/bin/python benchmarks/run.py                 # everything (make bench), ~4 minutes on 2 cores
+    .venv/bin/python benchmarks/run.py --quick         # smoke run, ~6 s, no figures, no model vs transformers
     .venv/bin/python benchmarks/run.py --only select   # one section (comma-separated list allowed)
 
 Full runs write benchmarks/results/cpu.json (--quick: cpu-quick.json); --only updates just its
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import figures_time
+import model_vs_hf
 import numpy as np
 import sched_overhead as so
 import sim_speed
@@ -40,10 +41,12 @@ class Settings:
     repeats: int  # of every micro-benchmark; the median is reported
     admissions: int  # requests admitted per select measurement
     calls: int  # try_add / on_decode_step calls per measurement
+    model_grid: model_vs_hf.Grid  # batches and contexts of our model vs transformers
 
 
-FULL = Settings(sim_repeats=3, repeats=7, admissions=2_000, calls=2_000)
-QUICK = Settings(sim_repeats=1, repeats=3, admissions=300, calls=300)
+FULL = Settings(sim_repeats=3, repeats=7, admissions=2_000, calls=2_000, model_grid=model_vs_hf.Grid())
+QUICK = Settings(sim_repeats=1, repeats=3, admissions=300, calls=300, model_grid=model_vs_hf.QUICK)
+FULL_ONLY = ("figures", "model")  # sections --quick leaves out unless --only names them
 
 
 # -- sections -------------------------------------------------------------------------------
@@ -89,12 +92,17 @@ def bench_figures(s: Settings) -> dict:
     return figures_time.measure_figures()
 
 
+def bench_model(s: Settings) -> dict:
+    return model_vs_hf.measure(s.model_grid)
+
+
 SECTIONS: dict[str, Callable[[Settings], object]] = {
     "sim": bench_sim,
     "select": bench_select,
     "try_add": bench_try_add,
     "decode": bench_decode,
     "figures": bench_figures,
+    "model": bench_model,
 }
 
 
@@ -140,6 +148,10 @@ def target_checks(results: dict) -> list[dict]:
         growth = vtc[10_000] / vtc[10]
         checks.append({"target": f"VTC select cost growth 10 -> 10,000 clients < {MAX_GROWTH:g}x (linear: ~1000x)",
                        "measured": f"{growth:.2f}x", "ok": growth < MAX_GROWTH})
+    decode = {(r["batch"], r["context"]): r["decode_ratio"] for r in results.get("model", {}).get("rows", [])}
+    if (64, 512) in decode:
+        checks.append({"target": f"decode, batch 64, context 512: ours / transformers >= {model_vs_hf.TARGET_DECODE_RATIO:g}",
+                       "measured": f"{decode[64, 512]:.2f}x", "ok": decode[64, 512] >= model_vs_hf.TARGET_DECODE_RATIO})
     fig = results.get("figures")
     if fig:
         ok = fig.get("status") == "ok" and fig["wall_s"] < figures_time.TARGET_S
@@ -156,6 +168,7 @@ def by_name(results: dict) -> dict:
         "select": {f"{r['scheduler']} {r['clients']}": r for r in results.get("select", [])},
         "try_add": {str(r["running"]): r for r in results.get("try_add", [])},
         "decode": {f"{r['scheduler']} {r['running']}": r for r in results.get("decode", [])},
+        "model": {f"{r['batch']} {r['context']}": r for r in results.get("model", {}).get("rows", [])},
     }
     vtc = keyed["select"]
     if "vtc 10" in vtc and "vtc 10000" in vtc:
@@ -203,8 +216,13 @@ def print_figures(fig: dict) -> None:
     print(f"\nslora-vtc figures: {fig['status']} ({detail})")
 
 
+def print_model(result: dict) -> None:
+    print("\nOur model vs transformers (tokens/s)\n" + model_vs_hf.markdown_table(result))
+
+
 PRINTERS: dict[str, Callable] = {
     "sim": print_sim, "select": print_select, "try_add": print_try_add, "decode": print_decode, "figures": print_figures,
+    "model": print_model,
 }
 
 
@@ -218,6 +236,11 @@ def print_results(results: dict) -> None:
     checks = results["targets"]
     if checks:
         print_table("Targets", ["target", "measured", ""], [[c["target"], c["measured"], verdict[c["ok"]]] for c in checks])
+
+
+def model_table(out: Path) -> Path:
+    """The markdown table of the model section, beside the result file (benchmarks/README.md includes cpu_model_vs_hf.md)."""
+    return out.with_name(f"{out.stem}_model_vs_hf.md")
 
 
 def load_previous(path: Path) -> dict:
@@ -241,7 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def selected_sections(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     if not args.only:
-        return [name for name in SECTIONS if not (args.quick and name == "figures")]
+        return [name for name in SECTIONS if not (args.quick and name in FULL_ONLY)]
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown or not names:
@@ -261,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     results["by_name"] = by_name(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if "model" in results:
+        model_table(args.out).write_text(model_vs_hf.markdown_table(results["model"]))
     print_results(results)
     print(f"\nwrote {args.out}")
     return 0

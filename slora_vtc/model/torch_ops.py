@@ -11,6 +11,10 @@ import torch
 import torch.nn.functional as F
 from slora_vtc_kernels import reference
 
+# Gathered K + V per SDPA call in decode_attention: small enough to stay in the CPU's cache and under
+# malloc's mmap threshold (a larger buffer is mapped and page-faulted afresh on every call: ~3x slower at batch 64, context 1,024).
+DECODE_CHUNK_BYTES = 4 << 20
+
 
 class TorchOps:
     name = "torch"
@@ -52,19 +56,57 @@ class TorchOps:
     @staticmethod
     def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
                           max_seqlen: int | None = None) -> torch.Tensor:
+        bounds = cu_seqlens.tolist()
+        lengths = {e - s for s, e in zip(bounds[:-1], bounds[1:])}
+        if len(lengths) == 1:  # prompts of one length: a single call over [prompts, tokens, heads, dim]
+            shape = (len(bounds) - 1, lengths.pop())
+            return _causal_attention(q.unflatten(0, shape), k.unflatten(0, shape), v.unflatten(0, shape), scale).flatten(0, 1)
         out = torch.empty_like(q)
-        for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
-            out[s:e] = F.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True,
-            ).transpose(0, 1)
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            out[s:e] = _causal_attention(q[None, s:e], k[None, s:e], v[None, s:e], scale)[0]
         return out
 
     @staticmethod
     def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_table: torch.Tensor,
                          seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        shape = (*slot_table.shape, *k_cache.shape[1:])  # [B, L, Hk, D]
-        k = k_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)  # index_select: ~5x faster than [] on a CPU
-        v = v_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
-        valid = torch.arange(slot_table.shape[1], device=q.device) < seq_lens[:, None]  # [B, L]
-        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
-        return out[:, :, 0, :]
+        batch, width = slot_table.shape
+        rows = max(1, DECODE_CHUNK_BYTES // (2 * width * k_cache[0].numel() * k_cache.element_size()))
+        if rows >= batch:
+            return _decode_rows(q, k_cache, v_cache, slot_table, seq_lens, scale)
+        out = torch.empty_like(q)
+        for s in range(0, batch, rows):
+            out[s : s + rows] = _decode_rows(q[s : s + rows], k_cache, v_cache, slot_table[s : s + rows], seq_lens[s : s + rows], scale)
+        return out
+
+
+def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """decode_attention for a few requests: gather their K/V ([B, L, Hk, D]), one SDPA call."""
+    if seq_lens.device.type == "cpu":  # trim the table to these requests' longest (on a GPU reading the lengths would sync)
+        table = table[:, : int(seq_lens.max())]
+    batch, width = table.shape
+    kv_heads = k_cache.shape[1]
+    shape = (batch, width, *k_cache.shape[1:])
+    k = k_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)  # index_select: ~5x faster than [] on a CPU
+    v = v_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)
+    # The query heads that share a KV head become that head's rows of queries ([B, Hk, group, D]), so
+    # SDPA reads each K/V head once instead of once per query head: ~1.3x faster than enable_gqa at batch 64.
+    out = F.scaled_dot_product_attention(q.unflatten(1, (kv_heads, -1)), k, v, attn_mask=_padding_mask(seq_lens, width), scale=scale)
+    return out.flatten(1, 2)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """[N, T, H, D] queries over [N, T, Hk, D] keys/values, causal. SDPA takes its fused CPU kernel only for
+    4-D inputs ([N, H, T, D]); 3-D ones go to the math path (~4x slower at 1,000 tokens)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def _padding_mask(seq_lens: torch.Tensor, width: int) -> torch.Tensor | None:
+    """[B, 1, 1, L]: which table columns hold a token; None when every request fills the table (on a GPU the check
+    would cost a sync, so there the mask is always built)."""
+    if seq_lens.device.type == "cpu" and bool((seq_lens == width).all()):
+        return None
+    valid = torch.arange(width, device=seq_lens.device) < seq_lens[:, None]
+    return valid[:, None, None, :]

@@ -122,6 +122,21 @@ def test_torch_ops_match_reference():
     assert torch.equal(ck, rk) and torch.equal(cv, rv)
 
 
+def test_torch_attention_over_many_requests_and_prompts_of_one_length():
+    """decode_attention in several chunks of requests (ragged and full tables); prefill of equal-length prompts in one call."""
+    ops = load_ops("torch")
+    batch, width = 40, 300  # 2 x 300 x 2 KV heads x 64 x 4 bytes a request: several chunks of DECODE_CHUNK_BYTES
+    cache_k, cache_v = rand(batch * width, 2, 64), rand(batch * width + 1, 2, 64)[1:]
+    table = torch.randperm(batch * width, generator=torch.Generator().manual_seed(0)).view(batch, width)
+    q = rand(batch, 8, 64)
+    for lens in (torch.full((batch,), width), torch.arange(batch) * 7 + 27):
+        torch.testing.assert_close(ops.decode_attention(q, cache_k, cache_v, table, lens, 0.125),
+                                   reference.decode_attention(q, cache_k, cache_v, table, lens, 0.125))
+    qp, kp, vp = rand(3 * 50, 8, 64), rand(3 * 50, 2, 64), rand(3 * 50, 2, 64)
+    cu = torch.tensor([0, 50, 100, 150])
+    torch.testing.assert_close(ops.prefill_attention(qp, kp, vp, cu, 0.125, 50), reference.prefill_attention(qp, kp, vp, cu, 0.125))
+
+
 # -- sampling ---------------------------------------------------------------------------------
 def test_sampling():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9], [5.0, 0.0, 0.0, 0.0]])
