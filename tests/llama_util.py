@@ -65,3 +65,22 @@ def record_logits(backend: LlamaBackend) -> dict[int, list[torch.Tensor]]:
 
 def request(prompt: list[int], new: int, client: str = "a", adapter: str | None = None, arrival: float = 0.0) -> Request:
     return Request(client, len(prompt), new, arrival, adapter=adapter, prompt_ids=list(prompt))
+
+
+def hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+def assert_logits_match_hf(folder, model, prompts, new_tokens, pool: int = 200) -> None:
+    """A ragged batch through our engine: prefill and every decode step, each request's own logits equal transformers'."""
+    from slora_vtc.request import State
+
+    backend = tiny_backend(str(folder))
+    logits = record_logits(backend)
+    requests = [request(p, n) for p, n in zip(prompts, new_tokens)]
+    real_engine(backend, pool=pool).run(requests)
+    for r in requests:
+        assert r.state is State.FINISHED and len(logits[r.rid]) == r.max_new_tokens
+        expected = hf_logits(model, r.prompt_ids + r.output_ids)[r.prompt_len - 1 : -1]
+        torch.testing.assert_close(torch.stack(logits[r.rid]), expected, atol=1e-4, rtol=1e-4)

@@ -12,13 +12,12 @@ sum over its targets of rank * per_row slots: a rank-16 adapter twice a rank-8 o
 attention+MLP adapter more than an attention-only one.
 """
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slora_vtc.errors import UserError
-from slora_vtc.model.spec import ModelSpec
+from slora_vtc.model.spec import ModelSpec, read_json_object
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = TARGETS[:4]
@@ -137,12 +136,7 @@ def read_peft_adapter(name: str, folder: str | Path) -> AdapterSpec:
         raise UserError(f"{folder}: no {CONFIG_FILE} (a PEFT adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE})")
     if not (folder / WEIGHTS_FILE).is_file():
         raise UserError(f"{folder}: no {WEIGHTS_FILE} (only safetensors adapter weights are read)")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"{path}: expected a JSON object")
+    cfg = read_json_object(path)
     if cfg.get("peft_type", "LORA") != "LORA":
         raise UserError(f"{path}: peft_type '{cfg['peft_type']}' is not supported (only LORA)")
     for key, neutral in UNSUPPORTED.items():

@@ -123,7 +123,7 @@ def spec_from_hf_folder(folder: Path) -> ModelSpec:
     path = folder / "config.json"
     if not path.is_file():
         raise UserError(f"{folder}: no config.json (a Hugging Face model folder holds config.json and *.safetensors)")
-    cfg = Config(path, _read_json(path))
+    cfg = Config(path, read_json_object(path))
     family = _family(cfg)
     _check_supported(cfg, family)
     heads = cfg.int("num_attention_heads")
@@ -186,7 +186,8 @@ class Config:
         return value
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object; anything else is one UserError line naming the file."""
     try:
         fields = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -275,6 +276,6 @@ def _eos_token_ids(folder: Path, cfg: Config) -> tuple[int, ...]:
     ids = _token_ids(cfg, "eos_token_id", (2,))
     path = folder / "generation_config.json"
     if path.is_file():
-        generation = Config(path, _read_json(path))
+        generation = Config(path, read_json_object(path))
         ids += _token_ids(generation, "eos_token_id", ())  if generation.get("eos_token_id") is not None else ()
     return tuple(dict.fromkeys(ids))

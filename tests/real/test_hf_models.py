@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from llama_util import real_engine, record_logits, request, tiny_backend
+from llama_util import assert_logits_match_hf, hf_logits
 from safetensors.torch import load_file, save_file
 
 from slora_vtc.cli import main
@@ -18,7 +18,6 @@ from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.realrun import generate
-from slora_vtc.request import State
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -70,11 +69,6 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     return out
 
 
-def hf_logits(model, tokens: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0].float()
-
-
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     """Argmax decoding on transformers' full forward pass (its generate() would bar the EOS ids
     until `min_new_tokens`; we compare with EOS ignored)."""
@@ -103,14 +97,7 @@ def edit_config(folder: Path, **changes) -> None:
 def test_logits_match_transformers_at_every_step(models, family):
     """A ragged batch: prefill and every decode step, each request's own logits."""
     folder, model = models[family]
-    backend = tiny_backend(str(folder))
-    logits = record_logits(backend)
-    requests = [request(p, n) for p, n in zip(PROMPTS, NEW_TOKENS)]
-    real_engine(backend, pool=200).run(requests)
-    for r in requests:
-        assert r.state is State.FINISHED and len(logits[r.rid]) == r.max_new_tokens
-        expected = hf_logits(model, r.prompt_ids + r.output_ids)[r.prompt_len - 1 : -1]
-        torch.testing.assert_close(torch.stack(logits[r.rid]), expected, atol=1e-4, rtol=1e-4)
+    assert_logits_match_hf(folder, model, PROMPTS, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

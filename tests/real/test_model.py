@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from llama_util import TINY_HF, real_engine, record_logits, request, save_hf_llama, tiny_backend
+from llama_util import TINY_HF, assert_logits_match_hf, save_hf_llama
 from safetensors.torch import load_file, save_file
 from slora_vtc_kernels import reference
 
@@ -17,7 +17,6 @@ from slora_vtc.model.sampling import SamplingParams, sample
 from slora_vtc.model.spec import MODEL_SPECS, get_model_spec, resolve_spec
 from slora_vtc.model.weights import dummy_weights, load_weights
 from slora_vtc.realrun import generate
-from slora_vtc.request import State
 
 PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11, 16, 23], [5]]
 NEW_TOKENS = [9, 6, 12, 4]  # ragged in time too: the decode batch shrinks as requests finish
@@ -36,11 +35,6 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def hf_logits(model, tokens: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0].float()
-
-
 def test_spec_read_from_config_json(hf):
     folder, model = hf
     spec = resolve_spec(str(folder))
@@ -52,14 +46,7 @@ def test_spec_read_from_config_json(hf):
 def test_logits_match_transformers_at_every_step(hf):
     """Ragged prompts in one batch; prefill and every decode step, each request's own logits."""
     folder, model = hf
-    backend = tiny_backend(str(folder))
-    logits = record_logits(backend)
-    requests = [request(p, n) for p, n in zip(PROMPTS, NEW_TOKENS)]
-    real_engine(backend, pool=200).run(requests)
-    for r in requests:
-        assert r.state is State.FINISHED and len(logits[r.rid]) == r.max_new_tokens
-        expected = hf_logits(model, r.prompt_ids + r.output_ids)[r.prompt_len - 1 : -1]
-        torch.testing.assert_close(torch.stack(logits[r.rid]), expected, atol=1e-4, rtol=1e-4)
+    assert_logits_match_hf(folder, model, PROMPTS, NEW_TOKENS)
 
 
 def test_greedy_generation_matches_transformers(hf):
