@@ -4,6 +4,7 @@ The same function serves simulated and real runs; only the backend (and so the c
 """
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 from tqdm import tqdm
@@ -64,8 +65,10 @@ class Experiment:
     def model_name(self) -> str | None:
         return (self.model or get_backend(self.backend).default_model) if self.real_backend else None
 
+    @cached_property
     def adapter_table(self) -> AdapterTable:
-        """Real backends: the PEFT adapters and dummies the clients map to (the simulator needs no weights)."""
+        """Real backends: the PEFT adapters and dummies the clients map to (the simulator needs no weights).
+        Read once per experiment: building it reads every adapter's config file."""
         if not self.real_backend:
             if self.lora:
                 raise UserError("--lora applies to the real backends (--backend torch or triton); the simulator has no weights")
@@ -78,10 +81,10 @@ class Experiment:
             return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank)
         spec = resolve_spec(self.model_name)
         return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=spec.lora_slots_per_row,
-                            adapter_sizes=self.adapter_table().sizes(spec))
+                            adapter_sizes=self.adapter_table.sizes(spec))
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
-        return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table(), profile=self.profile, testbed=self.testbed,
+        return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table, profile=self.profile, testbed=self.testbed,
                                model=self.model_name, device=self.device, dtype=self.dtype, seed=self.seed)
 
     def requests(self, workload: Workload) -> list[Request]:
@@ -102,7 +105,7 @@ class Experiment:
     def _adapter_names(self) -> list[str] | None:
         """The adapters clients map to in turn; None: the workload's own (one per client)."""
         if self.real_backend:
-            return self.adapter_table().names
+            return self.adapter_table.names
         return None if self.adapters is None else [f"{DUMMY_PREFIX}{i}" for i in range(self.adapters)]
 
     def result_config(self, config: EngineConfig, workload: Workload) -> dict:
@@ -148,8 +151,6 @@ def serve_requests(requests: list[Request], scheduler: Scheduler, config: Engine
 
 def check_context(model: str, requests: list[Request]) -> None:
     """Refuse, before loading anything, a workload whose longest request outgrows the model's context."""
-    from slora_vtc.model.spec import resolve_spec  # torch-free
-
     context = resolve_spec(model).max_position
     longest = max(requests, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
     if longest is not None and longest.prompt_len + longest.max_new_tokens > context:

@@ -79,10 +79,9 @@ def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=AR
     for i, o in grid:
         if i <= 0 or o <= 0 or i + o > pool_tokens:
             raise UserError(f"profile point ({i}, {o}) does not fit a pool of {pool_tokens} tokens")
-    spec = resolve_spec(model)
     llama = build_backend(backend, model, pool_tokens, adapters, device, dtype, seed)
     llama.warmup()
-    config = EngineConfig(pool_tokens=pool_tokens, adapter_sizes=adapters.sizes(spec))
+    config = EngineConfig(pool_tokens=pool_tokens, adapter_sizes=adapters.sizes(llama.spec))
     memory = MemoryManager(TokenPool(pool_tokens), config.slots_of, on_load=llama.load_adapter)
     free = pool_tokens - sum(size for _, size in config.adapter_sizes)
     points = []

@@ -84,3 +84,21 @@ def assert_logits_match_hf(folder, model, prompts, new_tokens, pool: int = 200) 
         assert r.state is State.FINISHED and len(logits[r.rid]) == r.max_new_tokens
         expected = hf_logits(model, r.prompt_ids + r.output_ids)[r.prompt_len - 1 : -1]
         torch.testing.assert_close(torch.stack(logits[r.rid]), expected, atol=1e-4, rtol=1e-4)
+
+
+def copy_folder(src: Path, dst: Path) -> Path:
+    """A copy of a model folder, to break on purpose."""
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def edit_tensors(folder: Path, edit) -> None:
+    """Rewrite the folder's model.safetensors after edit(tensors) changed the dict in place."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path)

@@ -105,12 +105,13 @@ class AdapterRows:
     def _build_rows(self) -> dict[str, LoraRows]:
         rows = {}
         scales = torch.tensor([a.scale for a in self.specs], dtype=torch.float32, device=self.device)
+        layouts = [a.layout(self.model) for a in self.specs]
         for target in TARGETS:
-            layouts = [a.layout(self.model).get(target) for a in self.specs]
-            if not any(layouts):
+            where = [layout.get(target) for layout in layouts]
+            if not any(where):
                 continue
-            ranks = [a.rank if where else 0 for a, where in zip(self.specs, layouts)]
-            starts = [where[0] if where else 0 for where in layouts]
+            ranks = [a.rank if w else 0 for a, w in zip(self.specs, where)]
+            starts = [w[0] if w else 0 for w in where]
             rows[target] = LoraRows(self.slots[: len(self.specs)], torch.tensor(starts, device=self.device),
                                     torch.tensor(ranks, device=self.device), scales, max(ranks), slots_per_row(self.model, target))
         return rows

@@ -110,8 +110,8 @@ def _check_real_options(exp: Experiment) -> None:
     if exp.time_scale <= 0:
         raise UserError(f"--time-scale must be positive, got {exp.time_scale}")
     config = exp.engine_config()  # on a real backend this reads the model spec and the adapters: bad ones fail here
-    if exp.real_backend:
-        exp.adapter_table().check_fits(resolve_spec(exp.model_name), config.pool_tokens)
+    if exp.real_backend:  # before the check below, whose message would not name the adapter
+        exp.adapter_table.check_fits(resolve_spec(exp.model_name), config.pool_tokens)
     elif exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
         raise UserError(f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens")
 

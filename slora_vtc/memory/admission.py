@@ -40,16 +40,11 @@ class Budget:
         self._neg_to_generate: list[int] = []  # ascending, i.e. to_generate descending
         self._held: list[int] = []
         self._adapters = {r.adapter for r in running if r.adapter is not None}
-        self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)
+        self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted this round, each at its size
         self._count = 0
         self._prompt_tokens = 0
         for req in running:
             self._insert(req.remaining, req.held_tokens)
-
-    @property
-    def adapter_slots(self) -> int:
-        """Slots of the resident adapters plus those this round has admitted, each by its own size."""
-        return self._adapter_slots
 
     def try_add(self, req: Request) -> bool:
         if self._count + 1 > self.config.max_running:

@@ -1,7 +1,6 @@
 """Who holds which slots: each request's KV tokens and each resident LoRA adapter."""
 
 from collections.abc import Callable, Iterable
-from typing import Union
 
 import numpy as np
 
@@ -20,7 +19,7 @@ class MemoryManager:
     passes `on_load` to copy the adapter's weights into its slots.
     """
 
-    def __init__(self, pool: TokenPool, adapter_slots: Union[int, Callable[[str], int]], on_load: AdapterHook | None = None):
+    def __init__(self, pool: TokenPool, adapter_slots: int | Callable[[str], int], on_load: AdapterHook | None = None):
         self.pool = pool
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slora_vtc.errors import UserError
-from slora_vtc.model.spec import ModelSpec, read_json_object
+from slora_vtc.model.spec import Config, ModelSpec, read_json_object
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = TARGETS[:4]
@@ -136,29 +136,17 @@ def read_peft_adapter(name: str, folder: str | Path) -> AdapterSpec:
         raise UserError(f"{folder}: no {CONFIG_FILE} (a PEFT adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE})")
     if not (folder / WEIGHTS_FILE).is_file():
         raise UserError(f"{folder}: no {WEIGHTS_FILE} (only safetensors adapter weights are read)")
-    cfg = read_json_object(path)
-    if cfg.get("peft_type", "LORA") != "LORA":
-        raise UserError(f"{path}: peft_type '{cfg['peft_type']}' is not supported (only LORA)")
+    cfg = Config(path, read_json_object(path))
+    if cfg.str("peft_type", "LORA") != "LORA":
+        raise cfg.fail("peft_type", f"'{cfg.get('peft_type')}' is not supported (only LORA)")
     for key, neutral in UNSUPPORTED.items():
         if cfg.get(key, neutral) not in (neutral, None, {}, False):
-            raise UserError(f"{path}: '{key}' = {cfg[key]!r} is not supported")
-    rank = _number(path, cfg, "r", int)
-    alpha = _number(path, cfg, "lora_alpha", float, default=rank)
+            raise cfg.fail(key, f"= {cfg.get(key)!r} is not supported")
+    rank = cfg.int("r")
     if rank <= 0:
-        raise UserError(f"{path}: 'r' must be positive, got {rank}")
-    rslora = cfg.get("use_rslora", False)
-    if not isinstance(rslora, bool):
-        raise UserError(f"{path}: 'use_rslora' must be true or false, got {rslora!r}")
-    return AdapterSpec(name, rank, alpha, _targets(path, cfg.get("target_modules")), rslora, str(folder))
-
-
-def _number(path: Path, cfg: dict, key: str, kind: type, default=None):
-    value = cfg.get(key, default)
-    if value is None:
-        raise UserError(f"{path}: missing '{key}'")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise UserError(f"{path}: '{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-    return kind(value)
+        raise cfg.fail("r", f"must be positive, got {rank}")
+    alpha = cfg.float("lora_alpha", rank)
+    return AdapterSpec(name, rank, alpha, _targets(path, cfg.get("target_modules")), cfg.bool("use_rslora", False), str(folder))
 
 
 def _targets(path: Path, value) -> tuple[str, ...]:

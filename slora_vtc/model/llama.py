@@ -85,8 +85,7 @@ class Llama:
     def attention(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Prefill | Decode) -> torch.Tensor:
         s, ops = self.spec, self.ops
         q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
-        if batch.lora is not None:
-            q, k, v = (self.lora(i, h, out, target, batch) for target, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)))
+        q, k, v = (self.lora(i, h, out, target, batch) for target, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)))
         q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq)
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         k_cache, v_cache = self.pool.k[i], self.pool.v[i]

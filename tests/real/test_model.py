@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-from llama_util import TINY_HF, assert_logits_match_hf, save_hf_llama
-from safetensors.torch import load_file, save_file
+from llama_util import TINY_HF, assert_logits_match_hf, copy_folder, edit_tensors, save_hf_llama
+from safetensors.torch import load_file
 from slora_vtc_kernels import reference
 
 from slora_vtc.errors import UserError
@@ -141,20 +141,6 @@ def test_sampling():
 
 
 # -- the loader's errors ------------------------------------------------------------------------
-def copy_folder(src, dst):
-    dst.mkdir()
-    for f in src.iterdir():
-        (dst / f.name).write_bytes(f.read_bytes())
-    return dst
-
-
-def edit_tensors(folder, edit):
-    path = folder / "model.safetensors"
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path)
-
-
 @pytest.mark.parametrize("case, message", [
     ("no_config", "no config.json"),
     ("architecture", "unsupported architecture GemmaForCausalLM"),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from llama_util import save_hf_llama
+from llama_util import copy_folder, edit_tensors, save_hf_llama
 
 from slora_vtc.cli import main
 from slora_vtc.profile import load_profile
@@ -69,21 +69,14 @@ def test_profile_writes_a_profile_the_simulator_reads(capsys, tmp_path):
 
 
 def broken_folder(hf_folder, tmp_path, case):
-    folder = tmp_path / case
-    folder.mkdir()
-    for f in hf_folder.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
+    folder = copy_folder(hf_folder, tmp_path / case)
     config = json.loads((folder / "config.json").read_text())
     if case == "no_config":
         (folder / "config.json").unlink()
     elif case == "architecture":
         (folder / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
     elif case == "missing_tensor":
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(folder / "model.safetensors")
-        del tensors["model.norm.weight"]
-        save_file(tensors, folder / "model.safetensors")
+        edit_tensors(folder, lambda t: t.pop("model.norm.weight"))
     return folder
 
 
