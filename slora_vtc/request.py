@@ -1,5 +1,6 @@
 """A request and its life cycle: waiting -> running -> finished (or rejected / aborted)."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ class Request:
     arrival: float
     rid: int = -1
     adapter: str | None = None  # LoRA adapter; the simulator gives every client its own
-    prompt_ids: list[int] | None = None
+    prompt_ids: "Sequence[int] | None" = None  # token ids (a list, or a numpy array for long simulated prompts)
     output_ids: list[int] = field(default_factory=list)
     generated: int = 0
     state: State = State.WAITING
@@ -38,6 +39,21 @@ class Request:
     stopped: bool = False
     sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
     added_tokens: int = 0  # tokens the serving path put before the client's prompt (a BOS); counted in prompt_len
+    cached_len: int = 0  # tokens at the start of its latest prefill whose K/V came from the prefix cache
+    cached_tokens: int = 0  # cached_len summed over its prefills (a preempted request is prefilled again)
+    preemptions: int = 0
+    recomputed: int = 0  # tokens whose K/V were computed again after a preemption
+
+    @property
+    def prefill_len(self) -> int:
+        """Tokens its next prefill covers: the prompt, and after a preemption the tokens generated so far too."""
+        return self.prompt_len + self.generated
+
+    def token_ids(self) -> "list[int] | None":
+        """Prompt then generated ids (None when the prompt is only a length)."""
+        if self.prompt_ids is None:
+            return None
+        return [*self.prompt_ids, *self.output_ids]
 
     @property
     def held_tokens(self) -> int:

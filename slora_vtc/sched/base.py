@@ -42,6 +42,20 @@ class Scheduler(ABC):
     def on_abort(self, req: Request, now: float) -> None:
         """A running request was aborted: forget what was kept for it."""
 
+    def on_preempt(self, req: Request, now: float) -> None:
+        """A running request lost its K/V (optimistic admission ran out of slots): queue it again,
+        ahead of what arrived after it. It keeps its generated tokens and is prefilled again later."""
+        raise NotImplementedError(f"{type(self).__name__} does not support preemption")
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        """The running request to preempt when a decode step cannot get a slot for each one.
+        The default, vLLM's: the latest arrival."""
+        return max(running, key=lambda r: (r.arrival, r.rid))
+
+    @property
+    def supports_preemption(self) -> bool:
+        return type(self).on_preempt is not Scheduler.on_preempt
+
     def waiting_by_client(self) -> dict[str, int]:
         """Waiting requests per client (read-only; for monitoring). Clients with none may be left out."""
         return {}
