@@ -21,7 +21,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from . import decode_attention, kv_scatter, lora, prefill_attention, rmsnorm, rotary  # noqa: E402
+from . import decode_attention, extend_attention, kv_scatter, lora, prefill_attention, rmsnorm, rotary  # noqa: E402
 
 TL = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
 HEAD_DIM = 128
@@ -41,6 +41,11 @@ def variants(dtype: str, hopper: bool):
         launch = dict(num_warps=tiles.pop("num_warps"), num_stages=tiles.pop("num_stages"))
         yield (f"prefill d={head_dim}", prefill_attention._prefill_kernel, dict(Q=ptr, K=ptr, V=ptr, Out=ptr, CuSeqlens="*i64"),
                dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_dim, DOT_DTYPE=dot, PRECISION=precision, **tiles), launch)
+        tiles = extend_attention.gpu_tiles(head_dim, hopper, dtype == "fp32")
+        launch = dict(num_warps=tiles.pop("num_warps"), num_stages=tiles.pop("num_stages"))
+        yield (f"extend d={head_dim}", extend_attention._extend_kernel,
+               dict(Q=ptr, KCache=ptr, VCache=ptr, Out=ptr, CuSeqlens="*i64", SlotTable="*i64", CachedLens="*i64"),
+               dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_dim, SLOT_OFFSET=tl.int32, DOT_DTYPE=dot, PRECISION=precision, **tiles), launch)
     for group in (1, 4, 8):
         tiles = decode_attention.gpu_tiles(HEAD_DIM, group, hopper)
         for split in (False, True):

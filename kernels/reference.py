@@ -60,6 +60,30 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     return out
 
 
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, slot_table: torch.Tensor,
+                     cached_lens: torch.Tensor, scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+    """Prefill of requests whose first tokens already have K/V in the pool (a prefix-cache hit, or none).
+
+    Request b computes only its new tokens cu_seqlens[b]:cu_seqlens[b + 1] (q: [T, Hq, D]), at positions
+    cached_lens[b] + 0, 1, ...; their K/V are already in the pool. Each attends causally over the request's
+    whole context, read through slot_table[b, : cached_lens[b] + new_b] ([B, max_ctx]; later entries ignored).
+    """
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for b in range(len(cu_seqlens) - 1):
+        s, e, cached = int(cu_seqlens[b]), int(cu_seqlens[b + 1]), int(cached_lens[b])
+        slots = slot_table[b, : cached + e - s]
+        qs = q[s:e].float().transpose(0, 1)  # [Hq, L, D]
+        ks = k_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, C, D]
+        vs = v_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (qs @ ks.transpose(1, 2)) * scale
+        query_pos = cached + torch.arange(e - s, device=q.device)
+        visible = torch.arange(len(slots), device=q.device)[None, :] <= query_pos[:, None]  # [L, C]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[s:e] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
+    return out
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One new token per request attends over its cached K/V, read through its slot list.
 

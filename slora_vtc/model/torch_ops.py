@@ -3,7 +3,7 @@
 kernels/reference.py is written to be obviously right (the tests' ground truth); on a CPU its
 Python-level op count dominates a small model's step. Here: torch's fused RMSNorm, rotary
 frequencies doubled once, and scaled_dot_product_attention (GQA without copying K/V per query head) for
-both attention ops. LoRA uses the references as they are. tests/test_model.py checks every op
+the attention ops (prefill, extend over a cached prefix, decode). LoRA uses the references as they are. tests/test_model.py checks every op
 against the reference.
 """
 
@@ -64,6 +64,22 @@ class TorchOps:
         out = torch.empty_like(q)
         for s, e in zip(bounds[:-1], bounds[1:]):
             out[s:e] = _causal_attention(q[None, s:e], k[None, s:e], v[None, s:e], scale)[0]
+        return out
+
+    @staticmethod
+    def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, slot_table: torch.Tensor,
+                         cached_lens: torch.Tensor, scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+        """Per request: gather its context's K/V from the pool, one SDPA call whose mask is causal shifted by
+        its cached length (query j sits at position cached + j)."""
+        bounds, cached = cu_seqlens.tolist(), cached_lens.tolist()
+        out = torch.empty_like(q)
+        for b, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+            slots = slot_table[b, : cached[b] + e - s]
+            k = k_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hk, C, D]
+            v = v_cache.index_select(0, slots).transpose(0, 1)[None]
+            visible = torch.arange(len(slots), device=q.device) <= torch.arange(cached[b], cached[b] + e - s, device=q.device)[:, None]
+            out[s:e] = F.scaled_dot_product_attention(q[None, s:e].transpose(1, 2), k, v, attn_mask=visible, scale=scale,
+                                                      enable_gqa=True)[0].transpose(0, 1)
         return out
 
     @staticmethod
