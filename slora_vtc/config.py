@@ -7,6 +7,7 @@ from slora_vtc.errors import UserError
 
 DEFAULT_POOL_TOKENS = 10_000  # A10G 24 GB with Llama-7B, as in the paper
 MAX_REQ_TOTAL_LEN = 3072  # S-LoRA's default max_req_total_len (2048 + 1024)
+ADMISSIONS = ("conservative", "optimistic")  # S-LoRA's worst-case reservation; vLLM's admit-while-free with preemption
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,16 @@ class EngineConfig:
     batch_max_tokens_override: int | None = None
     adapter_row_slots: int = 1  # slots one adapter row takes (model.spec.ModelSpec.lora_slots_per_row on a real model)
     adapter_sizes: tuple[tuple[str, int], ...] = ()  # (name, slots) of adapters whose size differs from adapter_slots
+    prefix_cache: bool = False  # share K/V of common prompt prefixes through a radix tree in the pool
+    admission: str = "conservative"  # or "optimistic": admit while slots are free, preempt by recompute when short
 
     def __post_init__(self):
         if self.pool_tokens <= 0:
             raise UserError(f"pool_tokens must be positive, got {self.pool_tokens}")
         if self.max_wait_steps < 0 or self.max_running <= 0 or self.lora_rank < 0:
             raise UserError("max_wait_steps >= 0, max_running > 0 and lora_rank >= 0 are required")
+        if self.admission not in ADMISSIONS:
+            raise UserError(f"unknown admission '{self.admission}' (known: {', '.join(ADMISSIONS)})")
         if self.adapter_row_slots < 1:
             raise UserError(f"adapter_row_slots must be at least 1, got {self.adapter_row_slots}")
 

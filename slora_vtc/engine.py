@@ -1,9 +1,14 @@
 """The continuous-batching loop of S-LoRA's router (docs/design.md, "The engine loop").
 
-Prefill and decode run as separate forward passes, without preemption. When nothing runs, the
-scheduler picks a batch. Otherwise the engine decodes, and every `max_wait_steps` decode steps
-asks the scheduler for more; if it admits some, they are prefilled as a mini-batch and merged,
-otherwise it decodes and asks again next step. The engine never looks at how a step is computed.
+Prefill and decode run as separate forward passes. When nothing runs, the scheduler picks a
+batch. Otherwise the engine decodes, and every `max_wait_steps` decode steps asks the scheduler
+for more; if it admits some, they are prefilled as a mini-batch and merged, otherwise it decodes
+and asks again next step. The engine never looks at how a step is computed.
+
+Conservative admission (S-LoRA's, the default) reserves every request's worst case, so nothing is
+ever preempted. Under optimistic admission a decode step that cannot get a slot for every running
+request first preempts the scheduler's victims by recompute: a victim's K/V are freed and it waits
+again with its generated tokens, to be prefilled over prompt and outputs later.
 """
 
 from collections.abc import Callable, Iterable
@@ -11,6 +16,7 @@ from collections.abc import Callable, Iterable
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.clock import Clock
 from slora_vtc.config import EngineConfig
+from slora_vtc.errors import UserError
 from slora_vtc.memory import Budget, MemoryManager, TokenPool, fits_alone
 from slora_vtc.request import Request, State
 from slora_vtc.sched.base import Scheduler
@@ -32,8 +38,10 @@ class Engine:
         self.scheduler = scheduler
         self.backend = backend
         self.clock = clock
-        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of)
+        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of, cache=config.prefix_cache)
         self.on_end = on_end
+        if config.admission == "optimistic" and not scheduler.supports_preemption:
+            raise UserError(f"scheduler {type(scheduler).__name__} cannot take preempted requests back: it needs --admission conservative")
         self.running: list[Request] = []
         self._steps_since_admission = 0
         self._next_rid = 0
@@ -54,11 +62,11 @@ class Engine:
             return False
         return True
 
-    def abort(self, req: Request, reason: str = "aborted") -> None:
-        """End a waiting or running request now and free its slots."""
+    def abort(self, req: Request, reason: str = "aborted", keep_cache: bool = True) -> None:
+        """End a waiting or running request now and free its slots (its K/V stay cached unless `keep_cache` is False)."""
         if req in self.running:
             self.running.remove(req)
-            self._release(req)
+            self._release(req, keep_cache)
             self.scheduler.on_abort(req, self.clock.now())
         elif not self.scheduler.remove(req):
             return
@@ -106,7 +114,7 @@ class Engine:
             return []
         if self.scheduler.num_waiting() == 0:
             return []
-        return self.scheduler.select(Budget(self.config, self.running), self.clock.now())
+        return self.scheduler.select(Budget(self.config, self.running, self.memory), self.clock.now())
 
     def _prefill(self, batch: list[Request]) -> None:
         self.memory.admit(batch)
@@ -114,10 +122,15 @@ class Engine:
             req.state = State.RUNNING
         self.running.extend(batch)
         self._apply(batch, self.backend.prefill(batch))
+        self.memory.cache_prefill(r for r in batch if r.state is State.RUNNING)
         self._steps_since_admission = 0
         self._retire(batch)
 
     def _decode(self) -> None:
+        while self.memory.available < len(self.running):  # only under optimistic admission
+            self._preempt(self.scheduler.choose_victim(self.running, self.clock.now()))
+        if not self.running:
+            return
         self.scheduler.on_decode_step(self.running, self.clock.now())
         self.memory.extend(self.running)
         self._apply(self.running, self.backend.decode(self.running))
@@ -132,7 +145,7 @@ class Engine:
             if req.rid not in failed:
                 req.append_token(token, now)
         for req in [r for r in batch if r.rid in failed]:
-            self.abort(req, "the model failed on this request")
+            self.abort(req, "the model failed on this request", keep_cache=False)
 
     def _retire(self, batch: list[Request]) -> None:
         finished = [r for r in batch if r.done]
@@ -145,8 +158,16 @@ class Engine:
             self._end(req, State.FINISHED)
         self.memory.evict_unused(self.running)
 
-    def _release(self, req: Request) -> None:
-        self.memory.release(req)
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.state = State.WAITING
+        req.preemptions += 1
+        self.scheduler.on_preempt(req, self.clock.now())
+        self.memory.evict_unused(self.running)
+
+    def _release(self, req: Request, keep_cache: bool = True) -> None:
+        self.memory.release(req, keep_cache)
         self.backend.release(req)
 
     def _end(self, req: Request, state: State, reason: str = "") -> None:

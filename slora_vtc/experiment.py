@@ -143,7 +143,7 @@ def serve_requests(requests: list[Request], scheduler: Scheduler, config: Engine
     """
     backend.warmup()
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter)
+    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
         Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
     return clock.now()

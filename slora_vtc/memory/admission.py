@@ -3,13 +3,24 @@
 Each request is a pair (tokens held now, tokens still to generate). Sorted by tokens to generate,
 descending, the pool must hold max_i(to_generate[i] * (i + 1) + cumulative_held[i]) tokens at
 the worst future moment; a batch is admitted only if that is below the pool minus adapter slots.
+
+With the prefix cache, a request's cached tokens are the tree's: every slot on a path some request
+locks is reserved once, and only a request's own tokens (what its prefill computes, then what it
+generates) enter the formula. Unlocked cached slots count as free: they are evicted on demand.
+
+Optimistic admission (vLLM's) reserves nothing for the future: a request is admitted while the
+slots its prefill needs are available now; the engine preempts when a decode step runs short.
 """
 
 from bisect import bisect_right
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from slora_vtc.config import EngineConfig
 from slora_vtc.request import Request
+
+if TYPE_CHECKING:
+    from slora_vtc.memory.manager import MemoryManager
 
 
 def peak_need(to_generate_desc: list[int], held: list[int]) -> int:
@@ -32,43 +43,67 @@ class Budget:
     """What one scheduling round may still admit, given the running batch.
 
     Schedulers call `try_add(req)` in their own order; it returns whether the request fits with
-    everything admitted so far and, if so, counts it in.
+    everything admitted so far and, if so, counts it in. `cached_len(req)` tells how many tokens of
+    its prefill the prefix cache holds (0 without a cache).
     """
 
-    def __init__(self, config: EngineConfig, running: list[Request]):
+    def __init__(self, config: EngineConfig, running: list[Request], memory: "MemoryManager | None" = None):
         self.config = config
+        self._memory = memory
+        self._cache = memory.cache if memory is not None else None
+        self._optimistic = config.admission == "optimistic"
         self._neg_to_generate: list[int] = []  # ascending, i.e. to_generate descending
         self._held: list[int] = []
         self._adapters = {r.adapter for r in running if r.adapter is not None}
         self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted this round, each at its size
+        self._reserved = self._cache.locked if self._cache else 0  # cached slots held by running requests (and this round's)
+        self._seen: set[int] = set()  # tree nodes this round has reserved
+        self._available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
         self._count = 0
         self._prompt_tokens = 0
         for req in running:
-            self._insert(req.remaining, req.held_tokens)
+            self._insert(req.remaining, req.held_tokens - (memory.shared_tokens(req) if memory else 0))
+
+    def cached_len(self, req: Request) -> int:
+        return self._memory.cached_len(req) if self._cache else 0
 
     def try_add(self, req: Request) -> bool:
         if self._count + 1 > self.config.max_running:
             return False
-        if self._prompt_tokens + req.prompt_len > self.config.batch_max_tokens:
-            return False
+        extend = req.prefill_len - self.cached_len(req)
+        if self._prompt_tokens and self._prompt_tokens + extend > self.config.batch_max_tokens:
+            return False  # (a resumed request longer than the cap still goes alone)
         new_adapter = req.adapter is not None and req.adapter not in self._adapters
-        adapter_slots = self._adapter_slots + (self.config.slots_of(req.adapter) if new_adapter else 0)
-        to_generate, held = req.max_new_tokens - 1, req.prompt_len + 1
+        new_adapter_slots = self.config.slots_of(req.adapter) if new_adapter else 0
+        seen = set(self._seen)
+        locking = self._newly_locked(req, seen)
+        if self._optimistic:
+            fits = extend + locking + new_adapter_slots < self._available
+        else:
+            fits = self._fits_worst_case(req.remaining - 1, extend + 1, self._adapter_slots + new_adapter_slots + self._reserved + locking)
+        if not fits:
+            return False
+        self._available -= extend + locking + new_adapter_slots
+        self._reserved += locking
+        self._seen = seen
+        self._insert(req.remaining - 1, extend + 1)
+        self._prompt_tokens += extend
+        if new_adapter:
+            self._adapters.add(req.adapter)
+            self._adapter_slots += new_adapter_slots
+        return True
+
+    def _newly_locked(self, req: Request, seen: set[int]) -> int:
+        ids = self._memory.cache_ids(req) if self._cache else None
+        return 0 if ids is None else self._cache.unlocked_len(req.adapter, ids, req.prefill_len - 1, seen)
+
+    def _fits_worst_case(self, to_generate: int, held: int, taken: int) -> bool:
         pos = bisect_right(self._neg_to_generate, -to_generate)
         need = peak_need(
             [-n for n in self._neg_to_generate[:pos]] + [to_generate] + [-n for n in self._neg_to_generate[pos:]],
             self._held[:pos] + [held] + self._held[pos:],
         )
-        if need >= self.config.pool_tokens - adapter_slots:
-            return False
-        self._neg_to_generate.insert(pos, -to_generate)
-        self._held.insert(pos, held)
-        self._count += 1
-        self._prompt_tokens += req.prompt_len
-        if new_adapter:
-            self._adapters.add(req.adapter)
-            self._adapter_slots = adapter_slots
-        return True
+        return need < self.config.pool_tokens - taken
 
     def _insert(self, to_generate: int, held: int) -> None:
         pos = bisect_right(self._neg_to_generate, -to_generate)

@@ -1,10 +1,11 @@
-"""Who holds which slots: each request's KV tokens and each resident LoRA adapter."""
+"""Who holds which slots: each request's KV tokens, each resident LoRA adapter, and the prefix cache."""
 
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from slora_vtc.memory.pool import TokenPool
+from slora_vtc.memory.radix import Node, RadixCache
 from slora_vtc.request import Request
 
 AdapterHook = Callable[[str, np.ndarray], None]
@@ -17,34 +18,125 @@ class MemoryManager:
     request uses them. `adapter_slots` is what one adapter takes: a number, or a function of its
     name (EngineConfig.slots_of: adapters of different ranks and targets differ). A real backend
     passes `on_load` to copy the adapter's weights into its slots.
+
+    With a prefix cache (`cache=True`), a request starts from the longest prefix of its ids the tree
+    holds for its adapter (locked while it runs), and the K/V it computes join the tree: its prompt
+    right after its prefill, its generated tokens when it leaves (finished or preempted). A slot is
+    then either the tree's or the request's own; `release` frees only the request's own.
     """
 
-    def __init__(self, pool: TokenPool, adapter_slots: int | Callable[[str], int], on_load: AdapterHook | None = None):
+    def __init__(self, pool: TokenPool, adapter_slots: int | Callable[[str], int], on_load: AdapterHook | None = None,
+                 cache: bool = False):
         self.pool = pool
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
         self.adapters: dict[str, np.ndarray] = {}
+        self.cache = RadixCache(pool) if cache else None
+        self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
+        self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
 
-    def admit(self, batch: Iterable[Request]) -> None:
-        """Load the batch's adapters and give every request slots for its prompt."""
+    @property
+    def available(self) -> int:
+        """Slots an allocation can get now: free ones, plus cached ones no request holds."""
+        return self.pool.num_free + (self.cache.evictable if self.cache else 0)
+
+    def cached_len(self, req: Request) -> int:
+        """Tokens of the request's next prefill whose K/V the cache holds (at least one is left to compute)."""
+        ids = self.cache_ids(req)
+        return 0 if ids is None else self.cache.match_len(req.adapter, ids, req.prefill_len - 1)
+
+    def shared_tokens(self, req: Request) -> int:
+        """Of a running request's slots, those the tree owns (counted in cache.locked, not as its own)."""
+        return len(req.kv_slots) - len(self._own[req.rid]) if self.cache else 0
+
+    # -- the engine's calls -----------------------------------------------------------------
+    def admit(self, batch: list[Request]) -> None:
+        """Lock the batch's cached prefixes, load its adapters, and give each request slots for the
+        rest of its prefill. Prefixes are locked first so that allocating cannot evict them."""
+        for req in batch:
+            self._lock_prefix(req)
         for req in batch:
             self._ensure_adapter(req.adapter)
-            req.kv_slots.extend(self.pool.alloc(req.prompt_len).tolist())
+        for req in batch:
+            new = self._alloc(req.prefill_len - req.cached_len).tolist()
+            req.kv_slots.extend(new)
+            if self.cache:
+                self._own[req.rid] = new
+            if req.generated:
+                req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
+
+    def cache_prefill(self, batch: Iterable[Request]) -> None:
+        """After a prefill: the prompts' K/V join the tree (later requests may share them at once)."""
+        if not self.cache:
+            return
+        for req in batch:
+            ids = self.cache_ids(req)
+            if ids is not None:
+                self._insert(req, ids[: req.prefill_len], keep_lock=True)
 
     def extend(self, running: list[Request]) -> None:
         """One more slot per running request, for the token the next decode step writes."""
-        for req, slot in zip(running, self.pool.alloc(len(running)).tolist()):
+        for req, slot in zip(running, self._alloc(len(running)).tolist()):
             req.kv_slots.append(slot)
+            if self.cache:
+                self._own[req.rid].append(slot)
 
-    def release(self, req: Request) -> None:
-        if req.kv_slots:
-            self.pool.free(req.kv_slots)
-            req.kv_slots = []
+    def release(self, req: Request, keep: bool = True) -> None:
+        """Free the request's slots. With a cache and `keep`, the K/V it computed stay cached
+        (`keep=False` for a request the model failed on: its K/V may be wrong)."""
+        node = self._node.pop(req.rid, None) if self.cache else None
+        if node is not None:
+            ids = self.cache_ids(req) if keep else None
+            if ids is not None:
+                self._insert(req, ids[: len(req.kv_slots)], keep_lock=False)
+            self.cache.unlock(node)
+        own = self._own.pop(req.rid, None) if self.cache else req.kv_slots
+        if own:
+            self.pool.free(own)
+        req.kv_slots = []
 
     def evict_unused(self, running: Iterable[Request]) -> None:
         in_use = {req.adapter for req in running}
         for name in [a for a in self.adapters if a not in in_use]:
             self.pool.free(self.adapters.pop(name))
+
+    def flush(self) -> None:
+        """Empty the prefix cache of everything no request holds."""
+        if self.cache:
+            self.cache.flush()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def cache_ids(self, req: Request):
+        """The ids the cache knows the request by (prompt, then generated); None without a cache or ids."""
+        if not self.cache or req.prompt_ids is None:
+            return None
+        return req.token_ids() if req.generated else req.prompt_ids
+
+    def _lock_prefix(self, req: Request) -> None:
+        ids = self.cache_ids(req)
+        req.cached_len = 0
+        if ids is None:
+            return
+        node, slots = self.cache.acquire(req.adapter, ids, req.prefill_len - 1)
+        self._node[req.rid] = node
+        req.kv_slots = slots.tolist()
+        req.cached_len = len(slots)
+        req.cached_tokens += len(slots)
+
+    def _insert(self, req: Request, ids, keep_lock: bool) -> None:
+        """Put the request's tokens in the tree; slots the tree takes stop being the request's own."""
+        present = self.cache.insert(req.adapter, ids, req.kv_slots[: len(ids)])
+        taken = set(req.kv_slots[present : len(ids)])
+        self._own[req.rid] = [s for s in self._own[req.rid] if s not in taken]
+        if keep_lock:  # move the lock down to the request's whole prefix
+            node, _ = self.cache.acquire(req.adapter, ids)
+            self.cache.unlock(self._node[req.rid])
+            self._node[req.rid] = node
+
+    def _alloc(self, n: int) -> np.ndarray:
+        if self.cache and self.pool.num_free < n:
+            self.cache.evict(n - self.pool.num_free)
+        return self.pool.alloc(n)
 
     def _ensure_adapter(self, name: str | None) -> None:
         if name is None or name in self.adapters:
@@ -52,7 +144,7 @@ class MemoryManager:
         size = self.slots_of(name)
         if size == 0:
             return
-        slots = self.pool.alloc(size)
+        slots = self._alloc(size)
         self.adapters[name] = slots
         if self._on_load is not None:
             self._on_load(name, slots)

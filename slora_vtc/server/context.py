@@ -85,5 +85,5 @@ def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapte
                                device=config.device, dtype=config.dtype, seed=config.seed)
     backend = build_backend(config.backend, settings)
     backend.warmup()
-    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.slots_of, on_load=backend.load_adapter)
+    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.slots_of, on_load=backend.load_adapter, cache=engine_config.prefix_cache)
     return Engine(engine_config, scheduler, backend, WallClock(), memory)
