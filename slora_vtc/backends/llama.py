@@ -3,7 +3,12 @@
 Steps are timed on the wall clock (after a device sync). Per running request the backend keeps,
 on the device, a row of a slot table (the request's pool slots), its length, its last token and
 its adapter; a decode step reads the batch's rows with one gather instead of rebuilding tensors
-from Python lists. A step that raises is retried request by request, so one failing request is
+from Python lists. A prefill covers each request's `prefill_len` tokens (its prompt, and after a
+preemption the tokens it generated: its next token comes from the last one) but computes only those
+after its `cached_len` (a prefix-cache hit: `kv_slots[:cached_len]` already hold their K/V); a batch
+with any cached prefix runs the model's extend path, a batch without one the plain prefill. The
+request's row gets all its slots, cached ones included. A prompt given only as a length gets random
+ids at its first prefill, kept on the request (`prompt_ids`). A step that raises is retried request by request, so one failing request is
 reported in StepResult.failed (the engine aborts it) while the others keep being served.
 """
 
@@ -19,7 +24,7 @@ from slora_vtc_kernels.reference import LoraRows
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, slots_per_row
-from slora_vtc.model.llama import Decode, Llama, LoraBatch, Prefill
+from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Prefill
 from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
@@ -175,21 +180,30 @@ class LlamaBackend(ModelBackend):
 
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]) -> list[int]:
-        lens = [r.prompt_len for r in reqs]
-        cu = [0, *accumulate(lens)]
-        adapters = [self._adapter_of(r) for r in reqs]
-        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prompt_len] for r in reqs), *cu, *adapters, *lens])
-        slots, cu_t, adapter_t, lens_t = host.to(self.device).split([cu[-1], len(cu), len(reqs), len(reqs)])
-        starts = torch.repeat_interleave(cu_t[:-1], lens_t, output_size=cu[-1])
-        positions = torch.arange(cu[-1], device=self.device) - starts
-        lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
-        logits = self.model.forward(Prefill(self._prompt_tokens(reqs, cu), positions, slots, cu_t, max(lens), lora))
-        nxt = self._sample(reqs, logits)
-
+        ids = self._prefill_ids(reqs)
+        full = [r.prefill_len for r in reqs]
+        cached = [r.cached_len for r in reqs]
+        new = [f - c for f, c in zip(full, cached)]
         rows = self.rows.add([r.rid for r in reqs], max(r.prompt_len + r.max_new_tokens for r in reqs))
-        rows_t = torch.tensor(rows, device=self.device)
-        self.rows.table[torch.repeat_interleave(rows_t, lens_t, output_size=cu[-1]), positions] = slots
-        self.rows.lens[rows_t], self.rows.last[rows_t], self.rows.adapter[rows_t] = lens_t, nxt, adapter_t
+        adapters = [self._adapter_of(r) for r in reqs]
+        n_ctx, n_new, b = sum(full), sum(new), len(reqs)
+        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prefill_len] for r in reqs),
+                             *chain.from_iterable(i[c:] for i, c in zip(ids, cached)), 0, *accumulate(new), *rows, *adapters, *full, *cached])
+        ctx_slots, tokens, cu_t, rows_t, adapter_t, full_t, cached_t = host.to(self.device).split([n_ctx, n_new, b + 1, b, b, b, b])
+        # every context slot (cached ones included) goes into the request's row: decode and an extend read them there
+        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(full_t.cumsum(0) - full_t, full_t, output_size=n_ctx)
+        self.rows.table[torch.repeat_interleave(rows_t, full_t, output_size=n_ctx), ctx_positions] = ctx_slots
+        new_t = full_t - cached_t
+        positions = (torch.arange(n_new, device=self.device) - torch.repeat_interleave(cu_t[:-1] - cached_t, new_t, output_size=n_new))
+        if any(cached):
+            slots = self.rows.table[torch.repeat_interleave(rows_t, new_t, output_size=n_new), positions]
+            prefix = CachedPrefix(self.rows.table[rows_t, : max(full)], cached_t)
+        else:  # every request is cold: the plain prefill path
+            slots, prefix = ctx_slots, None
+        lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
+        logits = self.model.forward(Prefill(tokens, positions, slots, cu_t, max(new), lora, prefix))
+        nxt = self._sample(reqs, logits)
+        self.rows.lens[rows_t], self.rows.last[rows_t], self.rows.adapter[rows_t] = full_t, nxt, adapter_t
         return nxt.tolist()
 
     @torch.inference_mode()
@@ -221,24 +235,27 @@ class LlamaBackend(ModelBackend):
     def _adapter_of(self, req: Request) -> int:
         return -1 if req.adapter is None else self.resident.index.get(req.adapter, -1)
 
-    def _prompt_tokens(self, reqs: list[Request], cu: list[int]) -> torch.Tensor:
-        """The prompts' token ids; a request given only a length gets random ids after a BOS."""
-        if all(r.prompt_ids is not None for r in reqs):
-            return torch.tensor([*chain.from_iterable(r.prompt_ids for r in reqs)], device=self.device)
-        low = min(FIRST_DUMMY_TOKEN, self.spec.vocab_size - 1)
-        tokens = torch.randint(low, self.spec.vocab_size, (cu[-1],), generator=self._gen, device=self.device)
-        tokens[torch.tensor(cu[:-1], device=self.device)] = self.spec.bos_token_id
-        for r, start in zip(reqs, cu):
-            if r.prompt_ids is not None:
-                tokens[start : start + r.prompt_len] = torch.tensor(r.prompt_ids, device=self.device)
-        return tokens
+    def _prefill_ids(self, reqs: list[Request]) -> list:
+        """Each request's prefill ids (prompt, then its outputs after a preemption). A request given only a
+        length gets random ids after a BOS, kept on it so that a prefill after a preemption sees the same prompt."""
+        lengths = [r.prompt_len for r in reqs if r.prompt_ids is None]
+        if lengths:
+            low = min(FIRST_DUMMY_TOKEN, self.spec.vocab_size - 1)
+            drawn = torch.randint(low, self.spec.vocab_size, (sum(lengths),), generator=self._gen, device=self.device).tolist()
+            for r, start in zip((r for r in reqs if r.prompt_ids is None), accumulate([0, *lengths])):
+                r.prompt_ids = [self.spec.bos_token_id, *drawn[start + 1 : start + r.prompt_len]]
+        return [r.token_ids() for r in reqs]
 
     def _bad_prompt(self, req: Request) -> bool:
-        """A prompt the model cannot run (caught here: on a GPU a bad index would kill the process)."""
-        if req.prompt_len <= 0 or len(req.kv_slots) != req.prompt_len:
+        """A prefill the model cannot run (caught here: on a GPU a bad index would kill the process)."""
+        if req.prompt_len <= 0 or len(req.kv_slots) < req.prefill_len or not 0 <= req.cached_len < req.prefill_len:
+            return True
+        if len(req.output_ids) != req.generated:  # a re-prefill needs every generated id
             return True
         ids = req.prompt_ids
-        return ids is not None and (len(ids) != req.prompt_len or min(ids) < 0 or max(ids) >= self.spec.vocab_size)
+        if ids is not None and len(ids) != req.prompt_len:
+            return True
+        return any(len(part) and (min(part) < 0 or max(part) >= self.spec.vocab_size) for part in (ids, req.output_ids) if part is not None)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -248,7 +265,8 @@ class LlamaBackend(ModelBackend):
     def warmup(self) -> None:
         """Run every kernel once (Triton compiles on first use) on pool slots no request holds yet.
 
-        Two 8-token prompts (one with a rank-8 attention+MLP adapter), then one decode step.
+        Two 8-token prompts (one with a rank-8 attention+MLP adapter), the first one's last 4 tokens again
+        over its cached first 4 (an extend), then one decode step.
         """
         spec, pool, dev = self.spec, self.model.pool, self.device
         adapter = AdapterSpec("warmup", WARMUP_RANK, float(WARMUP_RANK), TARGETS)
@@ -265,6 +283,8 @@ class LlamaBackend(ModelBackend):
         tokens = torch.full((n,), spec.bos_token_id, device=dev)
         self.model.forward(Prefill(tokens, positions, slots, torch.tensor([0, 8, n], device=dev), 8, lora))
         table = slots.view(2, 8)
+        prefix = CachedPrefix(table[:1], torch.tensor([4], device=dev))
+        self.model.forward(Prefill(tokens[:4], positions[4:8], slots[4:8], torch.tensor([0, 4], device=dev), 4, warm.batch(lora.ids[:1]), prefix))
         self.model.forward(Decode(tokens[:2], torch.full((2,), 7, device=dev), table[:, -1], table, torch.full((2,), 8, device=dev), lora))
         self._sync()
 

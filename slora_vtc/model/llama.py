@@ -4,6 +4,10 @@ x = embed(tokens); per layer: x += attention(rms_norm(x)); x += mlp(rms_norm(x))
 logits = lm_head(rms_norm(x)) at each request's last token.
 attention: q, k, v = W_qkv h; rotate q, k; write k, v into the pool; prefill attends causally
 within each prompt, decode attends over the request's slots in the pool; o = W_o attn.
+Extend (a prefill whose requests may start with a cached prefix, `Prefill.prefix`): only the tokens
+after each request's cached_len are computed, at positions cached_len.., and attend causally over the
+request's whole context (cached slots, then the new ones) read through a slot table. A batch without
+any cached prefix has prefix None and takes the plain prefill path.
 mlp (SwiGLU): W_down (silu(W_gate h) * W_up h).
 Each of q, k, v, o, gate, up, down adds its LoRA delta scale * B A x for the requests whose
 adapter targets it, every request with its own adapter (ranks may differ within a batch).
@@ -33,15 +37,25 @@ class LoraBatch:
 
 
 @dataclass(frozen=True)
+class CachedPrefix:
+    """Where each request's whole context lies when some request's first tokens already have K/V in the pool."""
+
+    slot_table: torch.Tensor  # [B, max_ctx]: each request's slots, its cached tokens' then its new tokens'
+    cached_lens: torch.Tensor  # [B]: tokens whose K/V were in the pool before this prefill (0: a cold request)
+
+
+@dataclass(frozen=True)
 class Prefill:
-    """Whole prompts, concatenated without padding."""
+    """The tokens each request computes, concatenated without padding: whole prompts, or, with `prefix`,
+    what follows each request's cached prefix (positions then start at its cached length)."""
 
     tokens: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     slots: torch.Tensor  # [T]: where each token's K/V goes
-    cu_seqlens: torch.Tensor  # [B + 1]: offsets of each prompt
-    max_seqlen: int  # the longest prompt (known on the host: kernels size their grids without a sync)
+    cu_seqlens: torch.Tensor  # [B + 1]: offsets of each request's tokens
+    max_seqlen: int  # the most tokens of one request (known on the host: kernels size their grids without a sync)
     lora: LoraBatch | None = None
+    prefix: CachedPrefix | None = None  # None: no request has a cached prefix (attention within the batch's tokens)
 
     @property
     def last(self) -> torch.Tensor:
@@ -90,8 +104,11 @@ class Llama:
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         k_cache, v_cache = self.pool.k[i], self.pool.v[i]
         ops.kv_scatter(k, v, k_cache, v_cache, batch.slots)
-        if isinstance(batch, Prefill):
+        if isinstance(batch, Prefill) and batch.prefix is None:
             o = ops.prefill_attention(q, k, v, batch.cu_seqlens, self.scale, batch.max_seqlen)
+        elif isinstance(batch, Prefill):  # over each request's whole context, read from the pool
+            p = batch.prefix
+            o = ops.extend_attention(q, k_cache, v_cache, batch.cu_seqlens, p.slot_table, p.cached_lens, self.scale, batch.max_seqlen)
         else:
             o = ops.decode_attention(q, k_cache, v_cache, batch.slot_table, batch.seq_lens, self.scale)
         o = o.reshape(-1, s.q_width)
@@ -104,7 +121,7 @@ class Llama:
             return out
         ops, ids, k_cache, v_cache = self.ops, batch.lora.ids, self.pool.k[i], self.pool.v[i]
         out = out.contiguous()
-        if isinstance(batch, Prefill):  # one adapter per prompt segment
+        if isinstance(batch, Prefill):  # one adapter per request's segment of new tokens
             y = ops.lora_shrink_segments(x, k_cache, rows, batch.cu_seqlens, ids, batch.max_seqlen)
             ops.lora_expand_segments(y, v_cache, rows, batch.cu_seqlens, ids, out, batch.max_seqlen)
         else:
