@@ -3,17 +3,31 @@ came from (a seeded suite, a trace file, a measured result file)."""
 
 from dataclasses import dataclass
 
+from slora_vtc.errors import UserError
 from slora_vtc.request import Request
+from slora_vtc.segments import SegmentExpander, Segments
+
+BOS_ID = 1
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request of a workload. In trace and result files `arrival` is the field `req_time`."""
+    """One request of a workload. In trace and result files `arrival` is the field `req_time`.
+
+    `segments`: the prompt as named pieces (slora_vtc.segments), whose lengths sum to prompt_len;
+    empty when the prompt is only a length.
+    """
 
     client: str
     prompt_len: int
     output_len: int
     arrival: float
+    segments: Segments = ()
+
+    def __post_init__(self):
+        if self.segments and sum(length for _, length in self.segments) != self.prompt_len:
+            total = sum(length for _, length in self.segments)
+            raise UserError(f"request of client '{self.client}' at {self.arrival}: its segments sum to {total} tokens, prompt_len is {self.prompt_len}")
 
 
 @dataclass(frozen=True)
@@ -23,14 +37,19 @@ class Workload:
     duration: float
     specs: tuple[RequestSpec, ...]
 
-    def requests(self, added_tokens: int = 0) -> list[Request]:
+    def requests(self, added_tokens: int = 0, vocab_size: int = 32000) -> list[Request]:
         """Fresh Request objects in arrival order (each client has its own LoRA adapter, as in the paper).
 
         `added_tokens`: what the serving path adds to every prompt before the engine sees it (the
-        artifact's server tokenizes the client's text with a BOS in front: 1).
+        artifact's server tokenizes the client's text with a BOS in front: 1). A request with
+        segments gets prompt_ids: that many BOS ids, then its segments' ids (drawn below
+        `vocab_size`); one without keeps prompt_ids None.
         """
+        expander = SegmentExpander(vocab_size)
+        bos = (BOS_ID,) * added_tokens
         return [
-            Request(s.client, s.prompt_len + added_tokens, s.output_len, s.arrival, rid=i, adapter=s.client, added_tokens=added_tokens)
+            Request(s.client, s.prompt_len + added_tokens, s.output_len, s.arrival, rid=i, adapter=s.client, added_tokens=added_tokens,
+                    prompt_ids=expander.expand(s.segments, bos) if s.segments else None)
             for i, s in enumerate(sorted(self.specs, key=lambda s: s.arrival))
         ]
 

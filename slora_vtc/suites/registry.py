@@ -5,6 +5,7 @@ from slora_vtc.data import REAL_TRACE
 from slora_vtc.errors import UserError
 from slora_vtc.suites.base import Suite
 from slora_vtc.suites.paper import dist_shift, increase, per_min, poisson_short_long, uniform
+from slora_vtc.suites.prefix import prefix_suites
 
 
 def _ablation(pool_k: int, length: int, rates: tuple[int, int]) -> Suite:
@@ -36,6 +37,7 @@ SUITES: dict[str, Suite] = {
               uniform(per_min(24, 24, 24, 36, 36, 36, 36, 36)), schedulers=("vtc", "vtc-pred:0.5", "vtc-oracle")),
         Suite("real", "11-14, 18, 20", "LMSYS Chatbot Arena trace: 27 clients, 1500 requests in 600 s", 27, 600,
               trace=REAL_TRACE, schedulers=("vtc", "fcfs", "lcf", "rpm:5", "rpm:10", "rpm:15", "rpm:20", "rpm:30")),
+        *prefix_suites(),  # beyond the paper: requests sharing prefixes, after the DLPM paper (suites/prefix.py)
     ]
 }
 

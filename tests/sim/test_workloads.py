@@ -129,7 +129,7 @@ def test_lengths_and_pools_per_suite():
             L = int(name.split("_")[2])
             assert lengths == {(L, L)}
             assert suite.pool_tokens == int(name.split("_")[1][:-1]) * 1000
-        elif not name.startswith("poisson"):
+        elif not name.startswith(("poisson", "prefix")):  # prefix suites: tests/sim/test_prefix_suites.py
             assert lengths == {(256, 256)}
             assert suite.pool_tokens == 10_000
 
