@@ -47,6 +47,10 @@ class Experiment:
     added_tokens: int = 1  # tokens the serving path adds to each prompt: the artifact's server prepends a BOS
     jitter_ms: float = 0.0  # each arrival comes up to this much later (uniform, seeded by `seed`): for ensembles
     backend: str = "sim"
+    prefix_cache: bool = False  # share K/V of common prompt prefixes (a radix tree in the pool)
+    admission: str = "conservative"  # or optimistic: admit while slots are free, preempt by recompute
+    charge_cached: float = 1.0  # VTC: weight of a cached prompt token (1: the paper's VTC; 0: extend tokens only)
+    charge_recompute: bool = False  # VTC: charge again the tokens a preempted request recomputes
     trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
     model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: the backend's)
     adapters: int | None = None  # dummy LoRA adapters the clients map to, round robin (default: one per client on the
@@ -77,11 +81,11 @@ class Experiment:
 
     def engine_config(self) -> EngineConfig:
         pool = self.pool_tokens or get_suite(self.suite).pool_tokens
+        memory = dict(pool_tokens=pool, lora_rank=self.adapter_rank, prefix_cache=self.prefix_cache, admission=self.admission)
         if not self.real_backend:
-            return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank)
+            return EngineConfig(**memory)
         spec = resolve_spec(self.model_name)
-        return EngineConfig(pool_tokens=pool, lora_rank=self.adapter_rank, adapter_row_slots=spec.lora_slots_per_row,
-                            adapter_sizes=self.adapter_table.sizes(spec))
+        return EngineConfig(**memory, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=self.adapter_table.sizes(spec))
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
         return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table, profile=self.profile, testbed=self.testbed,
@@ -90,7 +94,8 @@ class Experiment:
     def requests(self, workload: Workload) -> list[Request]:
         """The workload's requests as the engine sees them (`added_tokens` longer); with `adapters`
         set, client i uses adapter i mod N (or none)."""
-        requests = workload.requests(self.added_tokens)
+        vocab = {"vocab_size": resolve_spec(self.model_name).vocab_size} if self.real_backend else {}
+        requests = workload.requests(self.added_tokens, **vocab)
         if self.jitter_ms:
             delays = np.random.default_rng(self.seed).uniform(0.0, self.jitter_ms / 1000, len(requests))
             for r, delay in zip(requests, delays):
@@ -121,7 +126,8 @@ class Experiment:
             lift = Lift(self.lift)
         except ValueError:
             raise UserError(f"unknown lift rule '{self.lift}' (known: {', '.join(l.value for l in Lift)})") from None
-        return SchedulerOptions(cost_function(self.cost, self.profile), lift, self.extra_charge_at_finish, self.seed)
+        return SchedulerOptions(cost_function(self.cost, self.profile), lift, self.extra_charge_at_finish, self.seed,
+                                charge_cached=self.charge_cached, charge_recompute=self.charge_recompute)
 
 
 def cost_function(name: str, profile: str | None = None) -> CostFunction:

@@ -10,6 +10,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
 
 RESPONSE_FIELDS = ("client", "prompt_len", "output_len", "req_time", "first_token_latency", "request_latency", "status")
+MEMORY_FIELDS = ("cached_tokens", "preemptions", "recomputed")  # written only when not 0 (the paper's runs have none)
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Response:
     first_token_latency: float  # -1 when never served
     request_latency: float  # -1 when never served
     status: str = "finished"
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, over all its prefills
+    preemptions: int = 0
+    recomputed: int = 0  # tokens computed again after its preemptions
 
     @classmethod
     def of(cls, req: Request) -> "Response":
@@ -29,7 +33,12 @@ class Response:
         total = req.finish_time - req.arrival if served else -1.0
         output_len = req.generated if served else req.max_new_tokens  # fewer when stopped at EOS
         prompt_len = req.prompt_len - req.added_tokens  # the client's prompt, as the artifact's client recorded it
-        return cls(req.client, prompt_len, output_len, req.arrival, first, total, req.state.value)
+        return cls(req.client, prompt_len, output_len, req.arrival, first, total, req.state.value,
+                   req.cached_tokens, req.preemptions, req.recomputed)
+
+    def record(self) -> dict:
+        fields = asdict(self)
+        return {k: v for k, v in fields.items() if k not in MEMORY_FIELDS or v}
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class RunResult:
         return sum(r.status == status for r in self.responses)
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "result": {"total_time": self.total_time, "responses": [asdict(r) for r in self.responses]}})
+        return json.dumps({"config": self.config, "result": {"total_time": self.total_time, "responses": [r.record() for r in self.responses]}})
 
 
 def client_sort_key(name: str) -> tuple:
@@ -120,7 +129,7 @@ def _parse_response(where: str, raw: dict) -> Response:
         status = str(raw.get("status", "finished" if first >= 0 else "rejected"))
         return Response(
             str(raw["client"]), int(raw["prompt_len"]), int(raw["output_len"]), float(raw["req_time"]),
-            first, float(raw["request_latency"]), status,
+            first, float(raw["request_latency"]), status, *(int(raw.get(f, 0)) for f in MEMORY_FIELDS),
         )
     except (TypeError, ValueError):
         raise UserError(f"{where}: a numeric field is not a number") from None

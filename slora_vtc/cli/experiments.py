@@ -7,6 +7,7 @@ from pathlib import Path
 from slora_vtc.backends.registry import BACKENDS
 from slora_vtc.backends.sim import DEFAULT_TESTBED, TESTBEDS, load_testbed
 from slora_vtc.cli.report import summary_table
+from slora_vtc.config import ADMISSIONS
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, run_experiment
 from slora_vtc.memory import fits_alone
@@ -42,10 +43,23 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
                    help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N (default: one per client on the simulator, "
                         "none on a real backend; 0: none)")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
+    add_memory_args(p)
     real = p.add_argument_group("real backends (torch, triton)")
     add_model_args(real)
     add_lora_arg(real)
     real.add_argument("--time-scale", type=float, default=1.0, help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)")
+
+
+def add_memory_args(p) -> None:
+    """The prefix cache, the admission rule and how VTC charges cached and recomputed tokens."""
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="off",
+                   help="share the K/V of common prompt prefixes through a radix tree in the pool (default off: the paper's engine)")
+    p.add_argument("--admission", choices=list(ADMISSIONS), default="conservative",
+                   help="conservative: reserve each request's worst case (S-LoRA, the paper); optimistic: admit while slots are free "
+                        "and preempt by recompute when a decode step runs short (vLLM)")
+    p.add_argument("--charge-cached", type=float, default=1.0,
+                   help="VTC: weight of a cached prompt token in its counter, in [0, 1] (default 1: the paper's VTC; 0: extend tokens only)")
+    p.add_argument("--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes")
 
 
 def add_model_args(p, backend: bool = False) -> None:
@@ -75,6 +89,7 @@ def experiment(args, scheduler: str) -> Experiment:
         testbed=args.testbed, added_tokens=args.added_tokens, jitter_ms=args.jitter_ms,
         backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
         lora=tuple(args.lora), time_scale=args.time_scale, device=args.device, dtype=args.dtype,
+        prefix_cache=args.prefix_cache == "on", admission=args.admission, charge_cached=args.charge_cached, charge_recompute=args.charge_recompute,
     )
     check(exp)
     return exp
@@ -89,11 +104,24 @@ def check(exp: Experiment) -> None:
     if not exp.real_backend:
         load_testbed(exp.testbed)
     workload = exp.workload()
-    build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
     requests, config = exp.requests(workload), exp.engine_config()
     if requests and not any(fits_alone(r, config) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
         raise UserError(f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+    if config.admission == "optimistic":
+        _check_optimistic(exp, requests, config, scheduler.supports_preemption)
+
+
+def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> None:
+    """Optimistic admission must be able to finish any request alone (else preemption could loop)."""
+    too_big = [r for r in requests if not fits_alone(r, config)]
+    if too_big:
+        r = max(too_big, key=lambda r: r.prompt_len + r.max_new_tokens)
+        raise UserError(f"--admission optimistic: a pool of {config.pool_tokens} tokens is too small for one request of suite '{exp.suite}' "
+                        f"({len(too_big)} cannot fit alone; the largest needs {r.prompt_len + r.max_new_tokens} tokens plus adapter slots)")
+    if not preemptible:
+        raise UserError(f"--admission optimistic: scheduler '{exp.scheduler}' cannot take preempted requests back")
 
 
 def _check_real_options(exp: Experiment) -> None:

@@ -57,7 +57,7 @@ class Budget:
         self._adapters = {r.adapter for r in running if r.adapter is not None}
         self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted this round, each at its size
         self._reserved = self._cache.locked if self._cache else 0  # cached slots held by running requests (and this round's)
-        self._seen: set[int] = set()  # tree nodes this round has reserved
+        self._seen: dict[int, int] = {}  # tree nodes this round has reserved: node id -> tokens of it
         self._available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
         self._count = 0
         self._prompt_tokens = 0
@@ -75,7 +75,7 @@ class Budget:
             return False  # (a resumed request longer than the cap still goes alone)
         new_adapter = req.adapter is not None and req.adapter not in self._adapters
         new_adapter_slots = self.config.slots_of(req.adapter) if new_adapter else 0
-        seen = set(self._seen)
+        seen = dict(self._seen)
         locking = self._newly_locked(req, seen)
         if self._optimistic:
             fits = extend + locking + new_adapter_slots < self._available
@@ -93,7 +93,7 @@ class Budget:
             self._adapter_slots += new_adapter_slots
         return True
 
-    def _newly_locked(self, req: Request, seen: set[int]) -> int:
+    def _newly_locked(self, req: Request, seen: dict[int, int]) -> int:
         ids = self._memory.cache_ids(req) if self._cache else None
         return 0 if ids is None else self._cache.unlocked_len(req.adapter, ids, req.prefill_len - 1, seen)
 

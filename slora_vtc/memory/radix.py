@@ -65,14 +65,14 @@ class RadixCache:
         """Tokens of `tokens` (at most `limit`) whose K/V the tree holds for this adapter."""
         return sum(take for _, take in self._walk(adapter, _ids(tokens)[:limit]))
 
-    def unlocked_len(self, adapter: str | None, tokens: Sequence[int], limit: int | None, seen: set[int]) -> int:
-        """Of the matched prefix, the slots no request locks yet and not already in `seen` (node ids,
-        updated): what locking this prefix would newly reserve."""
+    def unlocked_len(self, adapter: str | None, tokens: Sequence[int], limit: int | None, seen: dict[int, int]) -> int:
+        """Of the matched prefix, the slots no request locks yet and not already counted in `seen`
+        (node id -> tokens of it counted; updated): what locking this prefix would newly reserve."""
         fresh = 0
         for node, take in self._walk(adapter, _ids(tokens)[:limit]):
-            if node.refs == 0 and id(node) not in seen:
-                seen.add(id(node))
-                fresh += take
+            if node.refs == 0 and take > seen.get(id(node), 0):
+                fresh += take - seen.get(id(node), 0)
+                seen[id(node)] = take
         return fresh
 
     def _walk(self, adapter: str | None, ids: np.ndarray):
