@@ -7,11 +7,21 @@ def cmd_trace_build(args) -> int:
     from slora_vtc.traces.tokenize import token_counter
 
     count, bos = token_counter(args.tokenizer)
-    records, stats = build_trace(args.raw_file, args.rate, args.duration, count, bos, args.seed, args.arrivals, args.client_field)
+    records, stats = build_trace(args.raw_file, args.rate, args.duration, count, bos, args.seed, args.arrivals, args.client_field,
+                                 args.multi_turn, args.think_time)
     write_trace(records, args.out)
-    print(summary_line(stats, args))
+    print(multi_turn_line(stats, args) if args.multi_turn else summary_line(stats, args))
     print(arrivals_line(stats, args))
     return 0
+
+
+def multi_turn_line(stats, args) -> str:
+    sampled = (f"{stats.sampled} turns of {stats.sampled_conversations} conversations from {stats.clients} clients, "
+               f"first turns over {args.duration:g} s, later ones {args.think_time:g} s apart")
+    if stats.sampled < stats.wanted:
+        sampled = f"asked for {stats.wanted} (rate {args.rate:g} x duration {args.duration:g} s), only {stats.sampled} qualify: {sampled}"
+    return (f"{stats.records} records, {stats.conversations} conversations with {stats.turns} turns, {stats.too_long} turns dropped "
+            f"(a length of 0 or >= 1024), {sampled} -> {args.out}")
 
 
 def summary_line(stats, args) -> str:
@@ -26,7 +36,8 @@ def arrivals_line(stats, args) -> str:
     if stats.arrivals == "timestamps":
         return f"arrivals: timestamps (each record's time, mapped linearly onto [0, {args.duration:g}] s)"
     why = "--arrivals poisson" if args.arrivals == "poisson" else "the records have no timestamps"
-    return (f"arrivals: poisson ({why}): {stats.sampled} uniform times on [0, {args.duration:g}] s, sorted, "
+    starts = f"{stats.sampled_conversations} first turns at" if args.multi_turn else f"{stats.sampled}"
+    return (f"arrivals: poisson ({why}): {starts} uniform times on [0, {args.duration:g}] s, sorted, "
             f"in record order (seed {args.seed})")
 
 
@@ -46,4 +57,9 @@ def add_parsers(sub) -> None:
     build.add_argument("--client-field", metavar="FIELD",
                        help="the record field naming each request's client (default: the model; 'sharegpt' / 'messages' "
                             "for ShareGPT / OpenAI-style records without one)")
+    build.add_argument("--multi-turn", action="store_true",
+                       help="keep multi-turn conversations: each turn is a request whose prompt is the history plus the new message "
+                            "(named segments); rate x duration counts turns")
+    build.add_argument("--think-time", type=float, default=10.0, metavar="SECONDS",
+                       help="--multi-turn: seconds between a conversation's turns (default 10)")
     build.set_defaults(func=cmd_trace_build)

@@ -37,6 +37,9 @@ Arrivals (`arrivals`, `--arrivals`):
   auto (the CLI's default): timestamps when every record has one, poisson when none has; a file
       where only some have one is an error naming the first record without.
 build_trace's own default is timestamps, the paper's rule.
+
+`--multi-turn` keeps whole conversations instead, each turn a request with the history in its
+prompt (as named segments); its rules are in slora_vtc.traces.multi_turn.
 """
 
 import json
@@ -51,6 +54,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.traces.arrivals import arrival_rule, poisson_times, record_times, rescaled
 from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_kind, json_lines, parquet_rows, read_input
 from slora_vtc.traces.layouts import Chat, chats
+from slora_vtc.traces.multi_turn import DEFAULT_THINK_TIME_S, MultiTurnStats, build_multi_turn
 from slora_vtc.traces.tokenize import Counter
 from slora_vtc.workload import RequestSpec
 
@@ -116,13 +120,17 @@ def requested_count(rate: float, duration: float) -> int:
 
 
 def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, bos: int = 1, seed: int = 42,
-                arrivals: str = "timestamps", client_field: str | None = None) -> tuple[list[RequestSpec], BuildStats]:
+                arrivals: str = "timestamps", client_field: str | None = None, multi_turn: bool = False,
+                think_time: float = DEFAULT_THINK_TIME_S) -> tuple[list[RequestSpec], "BuildStats | MultiTurnStats"]:
+    """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations (traces/multi_turn.py)."""
     wanted = requested_count(rate, duration)
     raw = load_raw(path)
     if not raw:
         raise UserError(f"{path}: no records")
     rule = arrival_rule(path, raw, arrivals)
     times = record_times(path, raw) if rule == "timestamps" else None
+    if multi_turn:
+        return build_multi_turn(path, raw, wanted, duration, times, count_tokens, bos, np.random.RandomState(seed), client_field, think_time, rule)
     single = [c for c in chats(path, raw, client_field) if c is not None]
     kept = [s for s in (_sized(c, count_tokens, bos) for c in single) if 0 < s.prompt_len < MAX_LEN and 0 < s.output_len < MAX_LEN]
     if not kept:

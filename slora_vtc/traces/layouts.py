@@ -1,5 +1,6 @@
 """Conversation records in any of the layouts slora_vtc.traces.build describes -> their
-single-turn chats. The layout is detected per record, by its conversation field."""
+single-turn chats, or (for --multi-turn) their alternating exchanges. The layout is detected per
+record, by its conversation field."""
 
 import math
 from dataclasses import dataclass
@@ -44,17 +45,41 @@ class Chat:
     output_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation's exchanges, (user message, assistant reply) in order; `name` is unique in its
+    file: c<record number>, plus a / b for the sides of a pairwise record."""
+
+    record: int
+    name: str
+    client: str
+    system: str
+    exchanges: tuple[tuple[str, str], ...]
+
+
 def chats(path, records: list[dict], client_field: str | None = None) -> list[Chat | None]:
     """One entry per conversation (two for a pairwise record); None for one that is not single-turn."""
+    return [_chat(where, index, rec, client, turns) for where, index, rec, _, client, turns in _sides(path, records, client_field)]
+
+
+def conversations(path, records: list[dict], client_field: str | None = None) -> list[Conversation | None]:
+    """One entry per conversation (two for a pairwise record); None for one whose turns do not alternate."""
     out = []
+    for _, index, _, side, client, turns in _sides(path, records, client_field):
+        shape = alternating_exchanges(turns)
+        out.append(None if shape is None else Conversation(index, f"c{index + 1}{side}", client, shape[0], shape[1]))
+    return out
+
+
+def _sides(path, records: list[dict], client_field: str | None):
+    """(where, record index, record, side letter, client, turns) of every conversation of every record."""
     for index, rec in enumerate(records):
         where = f"{path}: record {index + 1}"
         layout = detect_layout(where, rec)
-        for model_field, conversation_field in layout.sides:
+        for n, (model_field, conversation_field) in enumerate(layout.sides):
+            side = "ab"[n] if len(layout.sides) > 1 else ""
             client = _client(where, rec, layout, model_field, client_field)
-            turns = _turns(where, layout, conversation_field, rec.get(conversation_field))
-            out.append(_chat(where, index, rec, client, turns))
-    return out
+            yield where, index, rec, side, client, _turns(where, layout, conversation_field, rec.get(conversation_field))
 
 
 def detect_layout(where: str, rec: dict) -> Layout:
@@ -117,6 +142,21 @@ def single_exchange(turns: list[tuple[str, str]]) -> tuple[str, str, str] | None
     if [role for role, _ in turns] != ["user", "assistant"]:
         return None
     return system, turns[0][1], turns[1][1]
+
+
+def alternating_exchanges(turns: list[tuple[str, str]]) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """(system, exchanges) when, after an optional leading system message, user and assistant
+    alternate from the user; a last user message without a reply is left out (it has no output).
+    None for any other shape, or no exchange."""
+    system = ""
+    if turns and turns[0][0] == "system":
+        system, turns = turns[0][1], turns[1:]
+    if turns and len(turns) % 2 == 1 and turns[-1][0] == "user":
+        turns = turns[:-1]
+    roles = [role for role, _ in turns]
+    if not turns or roles != ["user", "assistant"] * (len(turns) // 2):
+        return None
+    return system, tuple((turns[i][1], turns[i + 1][1]) for i in range(0, len(turns), 2))
 
 
 def _given_count(where: str, rec: dict, field: str) -> int | None:

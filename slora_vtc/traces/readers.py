@@ -5,6 +5,12 @@ paper's JSON (`{"requests": [...]}`, as in traces/lmsys_real_trace.json), and th
 (through a restricted unpickler), each optionally gzip-compressed (`t.jsonl.gz`). Parquet, pickle
 and gzip are recognised by their bytes as well as their names. Records become RequestSpecs
 (`req_time` is their `arrival`). Every problem is a UserError naming file, line and field.
+
+An optional field `segments` gives the prompt as named pieces that requests share
+(slora_vtc.segments): in JSONL a list of [name, length] pairs, `[["doc7", 1200], ["q3", 40]]`; in
+CSV and parquet the text `doc7:1200|q3:40` (a name may hold ':' but not '|'); either form is read
+from any format. The lengths are positive whole numbers summing to prompt_len. Written only when
+some record has segments (CSV / parquet: an empty cell for a record without).
 """
 
 import csv
@@ -14,6 +20,7 @@ from pathlib import Path
 
 from slora_vtc.errors import UserError
 from slora_vtc.results import client_sort_key
+from slora_vtc.segments import Segments, format_segments, parse_segments
 from slora_vtc.traces.artifact_pickle import load_artifact_pickle
 from slora_vtc.traces.files import decode_text, inner_suffix, is_parquet, is_pickle, json_lines, parquet_rows, read_input
 from slora_vtc.workload import RequestSpec, Workload
@@ -83,7 +90,20 @@ def _record(where: str, row) -> RequestSpec:
         raise UserError(f"{where}: field 'req_time' is not a number: {row['req_time']!r}") from None
     if not math.isfinite(req_time) or req_time < 0:
         raise UserError(f"{where}: field 'req_time' must be a finite time >= 0, got {req_time}")
-    return RequestSpec(str(row["client"]), prompt_len, output_len, req_time)
+    return RequestSpec(str(row["client"]), prompt_len, output_len, req_time, _segments(where, row.get("segments"), prompt_len))
+
+
+def _segments(where: str, value, prompt_len: int) -> Segments:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ()
+    try:
+        segments = parse_segments(value)
+    except ValueError as e:
+        raise UserError(f"{where}: field 'segments': {e}") from None
+    total = sum(length for _, length in segments)
+    if segments and total != prompt_len:
+        raise UserError(f"{where}: field 'segments' sums to {total} tokens, but prompt_len is {prompt_len}")
+    return segments
 
 
 def _count(where: str, row: dict, name: str) -> int:
@@ -110,21 +130,34 @@ def write_trace(records: list[RequestSpec], path: str | Path) -> None:
 
 
 def _write(records: list[RequestSpec], path: Path) -> None:
-    if path.suffix == ".csv":
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(_row(r) for r in records)
-    elif path.suffix == ".parquet":
-        import pandas as pd
+    fields = FIELDS + ("segments",) if any(r.segments for r in records) else FIELDS
+    if path.suffix in (".csv", ".parquet"):
+        rows = [_row(r, fields, as_text=True) for r in records]
+        if path.suffix == ".csv":
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+        else:
+            import pandas as pd
 
-        pd.DataFrame([_row(r) for r in records], columns=list(FIELDS)).to_parquet(path, index=False)
+            pd.DataFrame(rows, columns=list(fields)).to_parquet(path, index=False)
     else:
-        path.write_text("".join(json.dumps(_row(r)) + "\n" for r in records))
+        path.write_text("".join(json.dumps(_row(r, fields, as_text=False)) + "\n" for r in records))
 
 
-def _row(spec: RequestSpec) -> dict:
-    return {"client": spec.client, "prompt_len": spec.prompt_len, "output_len": spec.output_len, "req_time": spec.arrival}
+def _row(spec: RequestSpec, fields: tuple[str, ...], as_text: bool) -> dict:
+    row = {"client": spec.client, "prompt_len": spec.prompt_len, "output_len": spec.output_len, "req_time": spec.arrival}
+    if "segments" in fields:
+        row["segments"] = _segments_text(spec.segments) if as_text else [list(pair) for pair in spec.segments]
+    return row
+
+
+def _segments_text(segments: Segments) -> str:
+    try:
+        return format_segments(segments)
+    except ValueError as e:
+        raise UserError(f"cannot write the trace as CSV / parquet: {e}; write JSONL") from None
 
 
 def trace_workload(name: str, records: list[RequestSpec], duration: float | None = None) -> Workload:
