@@ -1,5 +1,6 @@
 """Real-engine commands beside `run`: `generate` (token ids for prompts) and `profile` (a cost
-profile of this hardware, in the artifact's format). Imported lazily: it imports torch.
+profile of this hardware, in the artifact's format, plus prefix-hit points: prefills over a cached
+prefix). Imported lazily: it imports torch.
 """
 
 from tqdm import tqdm
@@ -13,7 +14,7 @@ from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.model.adapters import AdapterTable
 from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.model.spec import resolve_spec
-from slora_vtc.profile import ProfilePoint
+from slora_vtc.profile import PrefixHitPoint, ProfilePoint
 from slora_vtc.request import Request, State
 from slora_vtc.sched import build_scheduler
 
@@ -23,6 +24,8 @@ ARTIFACT_GRID: tuple[tuple[int, int], ...] = (
     *((i, 1) for i in (8, 16, 32, 64, 128, 256, 512)),
     *((i, o) for i in (8, 64, 256, 512) for o in (64, 128, 196, 256)),
 )
+# (cached_len, extend_len) of the prefix-hit points: a long and a short cached prefix, a short and a longer extension
+PREFIX_GRID: tuple[tuple[int, int], ...] = tuple((c, e) for c in (256, 1024) for e in (32, 128))
 
 
 def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -69,27 +72,78 @@ def _check_prompt(ids: list[int], vocab: int) -> None:
 
 def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=ARTIFACT_GRID, device: str | None = None,
                     dtype: str | None = None, max_batch: int | None = None, seed: int = 0, progress: bool = False,
-                    adapters: AdapterTable = AdapterTable()) -> list[ProfilePoint]:
-    """Prefill and decode seconds per request at each (input, output) length, as the artifact measured.
+                    adapters: AdapterTable = AdapterTable(), prefix_grid=()) -> tuple[list[ProfilePoint], list[PrefixHitPoint]]:
+    """Prefill and decode seconds per request at each (input, output) length, as the artifact measured,
+    and prefill seconds per request at each (cached, extend) length of `prefix_grid`.
 
     pool // (input + output) requests (at most `max_batch`) run together: one prefill, then
-    `output` decode steps; times are the batch's totals divided by its size. With adapters, the
-    requests use them in turn (all resident: their slots come off the pool first).
+    `output` decode steps; times are the batch's totals divided by its size. A prefix-hit point runs
+    pool // (cached + extend) requests the same way, timing one prefill that computes only the last
+    `extend` tokens of each prompt. With adapters, the requests use them in turn (all resident: their
+    slots come off the pool first).
     """
     for i, o in grid:
         if i <= 0 or o <= 0 or i + o > pool_tokens:
             raise UserError(f"profile point ({i}, {o}) does not fit a pool of {pool_tokens} tokens")
+    room = _kv_room(pool_tokens, model, adapters)
+    for c, e in prefix_grid:
+        if c <= 0 or e <= 0 or c + e > room:
+            raise UserError(f"prefix-hit point (cached {c}, extend {e}) does not fit the {room} tokens a pool of {pool_tokens} leaves"
+                            " for KV (and the model's context)")
     llama = build_backend(backend, model, pool_tokens, adapters, device, dtype, seed)
     llama.warmup()
     config = EngineConfig(pool_tokens=pool_tokens, adapter_sizes=adapters.sizes(llama.spec))
     memory = MemoryManager(TokenPool(pool_tokens), config.slots_of, on_load=llama.load_adapter)
     free = pool_tokens - sum(size for _, size in config.adapter_sizes)
-    points = []
+
+    def batch_of(tokens: int) -> int:
+        return max(1, min(free // tokens, max_batch or pool_tokens))
+
+    points, hits = [], []
     for i, o in tqdm(grid, desc="profile", unit="point", disable=not progress, leave=False):
-        batch = max(1, min(free // (i + o), max_batch or pool_tokens))
+        batch = batch_of(i + o)
         prefill_s, decode_s = _measure(llama, memory, i, o, batch, adapters.names)
         points.append(ProfilePoint(i, o, batch, prefill_s / batch, decode_s / batch))
-    return points
+    for c, e in tqdm(prefix_grid, desc="prefix hits", unit="point", disable=not progress, leave=False):
+        batch = batch_of(c + e)
+        hits.append(PrefixHitPoint(batch, c, e, _measure_hit(llama, memory, c, e, batch, adapters.names) / batch))
+    return points, hits
+
+
+def fitting_prefix_grid(pool_tokens: int, model: str, adapters: AdapterTable = AdapterTable(), grid=PREFIX_GRID) -> tuple[tuple[int, int], ...]:
+    """The pairs of `grid` that fit the pool (beside the adapters) and the model's context: the default grid shrinks to a small pool."""
+    room = _kv_room(pool_tokens, model, adapters)
+    return tuple((c, e) for c, e in grid if c + e <= room)
+
+
+def _kv_room(pool_tokens: int, model: str, adapters: AdapterTable) -> int:
+    """The longest request a pool holds beside every adapter, within the model's context."""
+    spec = resolve_spec(model)
+    return min(pool_tokens - sum(size for _, size in adapters.sizes(spec)), spec.max_position)
+
+
+def _measure_hit(backend: LlamaBackend, memory: MemoryManager, cached: int, extend: int, batch: int, adapters: list[str],
+                 repeats: int = 3) -> float:
+    """Seconds of a prefill of `batch` requests whose first `cached` tokens' K/V are in the pool (the median
+    of `repeats`): a cold prefill first writes every prompt's K/V (and keeps its drawn ids on the request)."""
+    reqs = [Request("profile", cached + extend, 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None)
+            for k in range(batch)]
+    memory.admit(reqs)
+    try:
+        times = []
+        for n in range(repeats + 1):
+            result = backend.prefill(reqs)
+            if result.failed:
+                raise RuntimeError(f"the model failed while profiling the prefix hit ({cached}, {extend})")
+            times.append(result.elapsed)
+            for r in reqs:
+                backend.release(r)  # its row goes; its slots, and their K/V, stay
+                r.cached_len = cached
+    finally:
+        for r in reqs:
+            memory.release(r)
+            backend.release(r)
+    return sorted(times[1:])[repeats // 2]
 
 
 def _measure(backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int,

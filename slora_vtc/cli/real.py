@@ -34,21 +34,43 @@ def cmd_profile(args) -> int:
     import pandas as pd
 
     from slora_vtc.profile import save_profile
-    from slora_vtc.realrun import ARTIFACT_GRID, measure_profile
+    from slora_vtc.realrun import ARTIFACT_GRID, PREFIX_GRID, measure_profile
 
     if args.pool_tokens <= 0:
         raise UserError(f"--pool-tokens must be positive, got {args.pool_tokens}")
     grid = ARTIFACT_GRID
     if args.inputs or args.outputs:
         grid = tuple((i, o) for i in _ids(args.inputs or "8,64,256,512") for o in _ids(args.outputs or "1,64,128,256"))
-    points = measure_profile(args.backend, args.model or get_backend(args.backend).default_model, args.pool_tokens,
-                             grid, args.device, args.dtype, args.max_batch, progress=True, adapters=adapters_of(args))
-    save_profile(points, args.out)
+    model = args.model or get_backend(args.backend).default_model
+    prefix_grid = _prefix_grid(args, model)
+    points, hits = measure_profile(args.backend, model, args.pool_tokens, grid, args.device, args.dtype, args.max_batch, progress=True,
+                                   adapters=adapters_of(args), prefix_grid=prefix_grid)
+    save_profile(points, args.out, hits)
     rows = [{"input": p.input_len, "output": p.output_len, "batch": p.batch_size, "prefill_ms": 1000 * p.prefill_s,
              "decode_ms": 1000 * p.decode_s} for p in points]
     print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
+    if hits:
+        rows = [{"cached": h.cached_len, "extend": h.extend_len, "batch": h.batch_size, "prefill_ms": 1000 * h.prefill_s} for h in hits]
+        print("prefix hits:")
+        print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
+    elif not args.no_prefix_hits:
+        print(f"prefix hits: none of {', '.join(f'{c}+{e}' for c, e in PREFIX_GRID)} fits a pool of {args.pool_tokens} tokens"
+              " (--cached-lens, --extend-lens)")
     print(f"wrote {args.out}")
     return 0
+
+
+def _prefix_grid(args, model: str) -> tuple[tuple[int, int], ...]:
+    """--cached-lens x --extend-lens as given (measure_profile refuses what does not fit), or the default grid's pairs that fit."""
+    from slora_vtc.realrun import PREFIX_GRID, fitting_prefix_grid
+
+    if args.no_prefix_hits:
+        return ()
+    if args.cached_lens or args.extend_lens:
+        cached = _ids(args.cached_lens) if args.cached_lens else sorted({c for c, _ in PREFIX_GRID})
+        extend = _ids(args.extend_lens) if args.extend_lens else sorted({e for _, e in PREFIX_GRID})
+        return tuple((c, e) for c in cached for e in extend)
+    return fitting_prefix_grid(args.pool_tokens, model, adapters_of(args))
 
 
 def add_parsers(sub) -> None:
@@ -70,9 +92,12 @@ def add_parsers(sub) -> None:
     prof = sub.add_parser("profile", help="measure prefill and decode time per request on this hardware; writes a cost profile")
     add_model_args(prof, backend=True)
     add_adapter_args(prof)
-    prof.add_argument("--out", required=True, help="profile JSON (the format of the artifact's A10G profile)")
+    prof.add_argument("--out", required=True, help="profile JSON (the format of the artifact's A10G profile, plus 'prefix_hits')")
     prof.add_argument("--pool-tokens", type=int, default=10_000, help="pool size; pool // (input + output) requests run together")
     prof.add_argument("--inputs", help="comma-separated input lengths (default: the artifact's grid)")
     prof.add_argument("--outputs", help="comma-separated output lengths (default: the artifact's grid)")
     prof.add_argument("--max-batch", type=int, help="at most this many requests per point")
+    prof.add_argument("--cached-lens", help="comma-separated cached prefix lengths of the prefix-hit points (default 256,1024: those that fit)")
+    prof.add_argument("--extend-lens", help="comma-separated tokens computed after the cached prefix (default 32,128)")
+    prof.add_argument("--no-prefix-hits", action="store_true", help="measure no prefix-hit points")
     prof.set_defaults(func=cmd_profile)

@@ -6,8 +6,11 @@ also in one batch with a cold request and an adapter request that reuses its own
 (b) A request released mid-generation and prefilled again over its prompt and outputs (cold, or
 reusing its prompt's slots) ends with the tokens of an uninterrupted greedy run.
 The backend is driven directly; slots come by hand from a shuffled pool.
+(c) `slora-vtc profile` writes prefix-hit points (timed prefills that compute only the extension),
+and profiles without them still load.
 """
 
+import json
 import os
 import random
 
@@ -17,7 +20,13 @@ import torch
 from llama_util import hf_logits, record_logits, request, save_hf_llama, tiny_backend
 
 from slora_vtc.backends.llama import build_backend
+from slora_vtc.cli import main
+from slora_vtc.data import A10G_PROFILE, data_file
+from slora_vtc.errors import UserError
+from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.model.adapters import TARGETS, adapter_table
+from slora_vtc.profile import PREFIX_HITS, PrefixHitPoint, load_prefix_hits, load_profile, save_profile
+from slora_vtc.realrun import _measure_hit
 
 peft = pytest.importorskip("peft")
 
@@ -234,3 +243,63 @@ def test_a_prefill_the_model_cannot_run_fails_that_request_only(hf, case):
     good = d.new(OTHER, 2)
     result = d.backend.prefill([bad, good])
     assert result.failed == (0,) and result.tokens[1] is not None
+
+
+# -- prefix-hit points in the cost profile ------------------------------------------------------
+def test_the_profile_command_writes_prefix_hit_points(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--model", "tiny", "--pool-tokens", "400", "--inputs", "8,16", "--outputs", "1,2",
+                 "--cached-lens", "40,100", "--extend-lens", "8,30", "--out", str(out)]) == 0
+    assert "prefix hits:" in capsys.readouterr().out
+    hits = load_prefix_hits(out)
+    assert [(h.cached_len, h.extend_len, h.batch_size) for h in hits] == [(40, 8, 8), (40, 30, 5), (100, 8, 3), (100, 30, 3)]  # 400 // (c + e)
+    assert all(h.prefill_s > 0 for h in hits)
+    assert len(load_profile(out)) == 4  # the ordinary points read as before
+    assert main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--out", str(out)]) == 0
+    assert [(h.cached_len, h.extend_len, h.batch_size) for h in load_prefix_hits(out)] == [(256, 32, 1)]  # of the default grid, only this fits
+    assert main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--no-prefix-hits",
+                 "--out", str(out)]) == 0
+    assert "prefix_hits" not in json.loads(out.read_text()) and load_prefix_hits(out) == []
+
+
+def test_a_timed_prefix_hit_computes_only_the_extension(hf):
+    root, _, _ = hf
+    d = Driver(root)
+    memory = MemoryManager(TokenPool(POOL), 0)
+    seconds = _measure_hit(d.backend, memory, 20, 6, 3, [])
+    assert d.computed == [3 * 26, 3 * 6, 3 * 6, 3 * 6]  # one cold prefill, then three timed extensions
+    assert seconds > 0 and memory.pool.num_free == POOL and d.backend.rows.row_of == {}
+
+
+def test_old_profiles_load_and_hits_round_trip(tmp_path):
+    old = data_file(A10G_PROFILE)
+    assert PREFIX_HITS not in json.loads(old.read_text())
+    assert len(load_profile(old)) >= 3 and load_prefix_hits(old) == []
+    points = load_profile(old)
+    hits = [PrefixHitPoint(4, 256, 32, 0.0125), PrefixHitPoint(1, 1024, 128, 0.5)]
+    save_profile(points, tmp_path / "p.json", hits)
+    assert load_profile(tmp_path / "p.json") == points and load_prefix_hits(tmp_path / "p.json") == hits
+
+
+@pytest.mark.parametrize("hits, message", [
+    ({"a": 1}, "'prefix_hits' must be a list"),
+    ([[1, 256, 32]], "prefix_hits entry 1: expected [batch_size, cached_len, extend_len, prefill_s]"),
+    ([[1, 256, 32, 0.1], [2, 256.5, 32, 0.1]], "prefix_hits entry 2: expected"),
+    ([[1, 256, 32, "fast"]], "prefix_hits entry 1: expected"),
+    ([[1, 0, 32, 0.1]], "prefix_hits entry 1: batch size and lengths must be positive"),
+    ([[1, 256, 32, -0.1]], "prefix_hits entry 1: batch size and lengths must be positive, the time non-negative"),
+])
+def test_bad_prefix_hits_name_the_file_and_entry(tmp_path, hits, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**json.loads(data_file(A10G_PROFILE).read_text()), PREFIX_HITS: hits}))
+    assert len(load_profile(path)) >= 3  # the ordinary points do not depend on them
+    with pytest.raises(UserError) as error:
+        load_prefix_hits(path)
+    assert str(path) in str(error.value) and message in str(error.value)
+
+
+def test_a_prefix_hit_point_that_does_not_fit_is_a_one_line_error(tmp_path, capsys):
+    code = main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--cached-lens", "280",
+                 "--extend-lens", "32", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "prefix-hit point (cached 280, extend 32) does not fit" in err

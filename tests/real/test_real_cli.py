@@ -62,7 +62,7 @@ def test_profile_writes_a_profile_the_simulator_reads(capsys, tmp_path):
     assert set(points) == {(8, 1), (8, 6), (32, 1), (32, 6)}
     assert points[(8, 6)].batch_size == 300 // 14 and points[(32, 1)].batch_size == 300 // 33
     assert all(p.prefill_s > 0 and p.decode_s > 0 for p in points.values())
-    assert set(json.loads(out.read_text())) == {"8", "32"}
+    assert set(json.loads(out.read_text())) == {"8", "32", "prefix_hits"}  # 256 + 32 fits the pool
     code, _, _ = run_cli(capsys, "run", "--backend", "sim", "--profile", out, "--suite", "overload", "--scheduler", "vtc",
                          "--duration", "20", "--out", tmp_path / "sim.jsonl")
     assert code == 0
