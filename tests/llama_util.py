@@ -32,11 +32,12 @@ def save_hf_llama(folder: Path, seed: int = 0, **overrides):
     return model
 
 
-def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c")) -> Engine:
-    """An engine on a virtual clock (advanced by the measured step times) with the backend's adapters wired."""
+def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c"), **config) -> Engine:
+    """An engine on a virtual clock (advanced by the measured step times) with the backend's adapters wired;
+    `config`: more EngineConfig fields (prefix_cache, admission)."""
     config = EngineConfig(pool_tokens=pool, lora_rank=0, adapter_row_slots=backend.spec.lora_slots_per_row,
-                          adapter_sizes=backend.adapters.sizes(backend.spec))
-    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=backend.load_adapter)
+                          adapter_sizes=backend.adapters.sizes(backend.spec), **config)
+    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
     return Engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock(), memory)
 
 

@@ -72,7 +72,7 @@ class MemoryManager:
         for req in batch:
             ids = self.cache_ids(req)
             if ids is not None:
-                self._insert(req, ids[: req.prefill_len], keep_lock=True)
+                self._insert(req, ids[: len(req.kv_slots)], keep_lock=True)
 
     def extend(self, running: list[Request]) -> None:
         """One more slot per running request, for the token the next decode step writes."""
