@@ -28,7 +28,7 @@ import numpy as np
 
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
-from slora_vtc.profile import ProfilePoint, load_profile
+from slora_vtc.profile import PrefixHitPoint, ProfilePoint, load_prefix_hits, load_profile
 from slora_vtc.request import Request
 
 TILE_QUERIES = 128  # queries of one attention tile: each cached K/V is read once per tile
@@ -67,6 +67,19 @@ class StepTimeModel:
         fits = [(_fit_nonnegative(_decode_rows(points, knee), decode_y), knee) for knee in range(max(p.batch_size for p in points))]
         decode, knee = min(fits, key=lambda fit: _relative_sse(_decode_rows(points, fit[1]), decode_y, fit[0]))
         return cls(prefill, decode, knee)
+
+    def with_prefix_hits(self, hits: list[PrefixHitPoint]) -> "StepTimeModel":
+        """g fitted to prefill times measured over a cached prefix (least squares on relative error,
+        what the rest of the prefill model does not explain); unchanged without hit points."""
+        if not hits:
+            return self
+        n = np.array([h.batch_size for h in hits], dtype=float)
+        y = n * np.array([h.prefill_s for h in hits])
+        x = n * np.array([h.extend_len * h.cached_len for h in hits], dtype=float)
+        rest = np.array([self.prefill_time(h.batch_size, h.batch_size * h.extend_len) - self.overhead_s for h in hits])
+        w = 1.0 / np.maximum(y, 1e-9) ** 2
+        g = float(((y - rest) * x * w).sum() / max((x * x * w).sum(), 1e-30))
+        return replace(self, cached_coef=max(0.0, g))
 
     def residuals(self, points: list[ProfilePoint]) -> list[tuple[ProfilePoint, float, float]]:
         """(point, relative error of prefill, relative error of decode) of the forward-pass model."""
@@ -174,6 +187,6 @@ def sim_backend(testbed: str = DEFAULT_TESTBED, profile: str | None = None) -> S
     """A testbed's model; a profile file refits its forward pass, keeping what the testbed adds."""
     model = load_testbed(testbed)
     if profile is not None:
-        fitted = StepTimeModel.fit(load_profile(profile))
+        fitted = StepTimeModel.fit(load_profile(profile)).with_prefix_hits(load_prefix_hits(profile))
         model = replace(fitted, overhead_s=model.overhead_s, cold_start_s=model.cold_start_s)
     return SimBackend(model)

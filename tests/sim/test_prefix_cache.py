@@ -2,6 +2,7 @@
 admission check counting cached tokens once."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -221,3 +222,28 @@ def test_prefix_cache_on_changes_nothing_for_prompts_without_ids():
         return run_experiment(Experiment(suite="overload", scheduler="vtc", duration=60, prefix_cache=cache)).responses
 
     assert responses(True) == responses(False)
+
+
+# -- the simulator's price of a cached prefix ---------------------------------------------------
+def test_a_cached_prefix_costs_its_attention_only():
+    from slora_vtc.backends.sim import A10G_STEP_MODEL, SimBackend
+
+    backend = SimBackend(A10G_STEP_MODEL)
+    cold = Request("c", 2000, 10, 0.0)
+    warm = Request("c", 2000, 10, 0.0, cached_len=1900)
+    a, b, c = A10G_STEP_MODEL.prefill_coef
+    g = A10G_STEP_MODEL.decode_coef[2] / 128  # with no prefix-hit points: decode's per-context-token cost per 128-query tile
+    assert backend.prefill([cold]).elapsed == pytest.approx(a + b + c * 2000)
+    assert backend.prefill([warm]).elapsed == pytest.approx(a + b + c * 100 + g * 100 * 1900)
+
+
+def test_prefix_hit_points_fit_the_cached_attention_term():
+    from slora_vtc.backends.sim import A10G_STEP_MODEL
+    from slora_vtc.profile import PrefixHitPoint
+
+    a, b, c = A10G_STEP_MODEL.prefill_coef
+    true_g = 3e-8
+    hits = [PrefixHitPoint(n, cached, extend, (a + b * n + c * n * extend + true_g * n * extend * cached) / n)
+            for n, cached, extend in [(1, 256, 32), (4, 1024, 32), (2, 1024, 128), (8, 256, 128)]]
+    assert A10G_STEP_MODEL.with_prefix_hits(hits).cached_pair_s == pytest.approx(true_g, rel=1e-9)
+    assert A10G_STEP_MODEL.with_prefix_hits([]).cached_pair_s == A10G_STEP_MODEL.decode_coef[2] / 128
