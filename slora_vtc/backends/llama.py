@@ -187,19 +187,19 @@ class LlamaBackend(ModelBackend):
         rows = self.rows.add([r.rid for r in reqs], max(r.prompt_len + r.max_new_tokens for r in reqs))
         adapters = [self._adapter_of(r) for r in reqs]
         n_ctx, n_new, b = sum(full), sum(new), len(reqs)
-        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prefill_len] for r in reqs),
-                             *chain.from_iterable(i[c:] for i, c in zip(ids, cached)), 0, *accumulate(new), *rows, *adapters, *full, *cached])
-        ctx_slots, tokens, cu_t, rows_t, adapter_t, full_t, cached_t = host.to(self.device).split([n_ctx, n_new, b + 1, b, b, b, b])
+        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prefill_len] for r in reqs), *chain.from_iterable(i[c:] for i, c in zip(ids, cached)),
+                             0, *accumulate(new), 0, *accumulate(full), *rows, *adapters, *full, *cached])
+        ctx_slots, tokens, cu_t, cu_ctx, rows_t, adapter_t, full_t, cached_t = host.to(self.device).split([n_ctx, n_new, b + 1, b + 1, b, b, b, b])
         # every context slot (cached ones included) goes into the request's row: decode and an extend read them there
-        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(full_t.cumsum(0) - full_t, full_t, output_size=n_ctx)
+        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(cu_ctx[:-1], full_t, output_size=n_ctx)
         self.rows.table[torch.repeat_interleave(rows_t, full_t, output_size=n_ctx), ctx_positions] = ctx_slots
-        new_t = full_t - cached_t
-        positions = (torch.arange(n_new, device=self.device) - torch.repeat_interleave(cu_t[:-1] - cached_t, new_t, output_size=n_new))
         if any(cached):
+            new_t = full_t - cached_t
+            positions = torch.arange(n_new, device=self.device) - torch.repeat_interleave(cu_t[:-1] - cached_t, new_t, output_size=n_new)
             slots = self.rows.table[torch.repeat_interleave(rows_t, new_t, output_size=n_new), positions]
             prefix = CachedPrefix(self.rows.table[rows_t, : max(full)], cached_t)
-        else:  # every request is cold: the plain prefill path
-            slots, prefix = ctx_slots, None
+        else:  # every request is cold: the plain prefill path, its tokens the whole context
+            positions, slots, prefix = ctx_positions, ctx_slots, None
         lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
         logits = self.model.forward(Prefill(tokens, positions, slots, cu_t, max(new), lora, prefix))
         nxt = self._sample(reqs, logits)
