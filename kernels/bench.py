@@ -7,6 +7,8 @@ decode_attention: achieved bandwidth = bytes of K and V read (sum of seq_lens * 
 small sweep of tile configurations and split counts, to pick defaults on a new GPU.
 prefill_attention: prompt tokens per second (and attention TFLOP/s), next to torch's
 scaled_dot_product_attention on the same padded-free uniform batch when there is one.
+extend_attention: new tokens per second of prefills over a cached prefix (K/V read through a slot
+table of scattered slots), next to a cold prefill of the same new tokens.
 Each case also records its max error against the torch reference. Prints JSON; writes it to --out.
 On a machine without CUDA it prints why it is skipped and exits 0.
 """
@@ -27,6 +29,11 @@ PREFILL_CASES = [  # name, prompt lengths
     ("prefill_16x512", [512] * 16),
     ("prefill_4x2048", [2048] * 4),
     ("prefill_ragged_32", None),  # 32 prompts of random lengths in [32, 1024]
+]
+EXTEND_CASES = [  # name, requests, cached tokens, new tokens per request
+    ("extend_32x(256+32)", 32, 256, 32),
+    ("extend_8x(1024+128)", 8, 1024, 128),
+    ("extend_8x(2048+512)", 8, 2048, 512),
 ]
 DECODE_SWEEP = [  # keyword overrides of decode_attention
     dict(block_n=16, num_warps=4), dict(block_n=32, num_warps=4), dict(block_n=64, num_warps=4),
@@ -108,6 +115,29 @@ def bench_prefill(ops, case, args, gen) -> dict:
     return result
 
 
+def bench_extend(ops, ref, case, args, gen) -> dict:
+    name, batch, cached, new = case
+    heads, context, tokens = PREFILL_HEADS, cached + new, batch * new
+    pool = batch * context + 1024
+    k_cache, v_cache = (torch.randn(pool, heads, HEAD_DIM, generator=gen).to(DEVICE).half() for _ in range(2))
+    q = torch.randn(tokens, heads, HEAD_DIM, generator=gen).to(DEVICE).half()
+    slot_table = torch.randperm(pool, generator=gen)[: batch * context].view(batch, context).to(DEVICE)
+    cu_seqlens = (torch.arange(batch + 1) * new).to(DEVICE)
+    cached_lens = torch.full((batch,), cached, device=DEVICE)
+    scale = HEAD_DIM ** -0.5
+    ms = time_ms(lambda: ops.extend_attention(q, k_cache, v_cache, cu_seqlens, slot_table, cached_lens, scale, max_seqlen=new),
+                 args.warmup, args.iters)
+    flops = batch * sum(4 * (cached + j + 1) * HEAD_DIM * heads for j in range(new))
+    first = slice(0, new)
+    out = ops.extend_attention(q[first], k_cache, v_cache, cu_seqlens[:2], slot_table[:1], cached_lens[:1], scale)
+    expected = ref.extend_attention(q[first], k_cache, v_cache, cu_seqlens[:2], slot_table[:1], cached_lens[:1], scale)
+    k, v = k_cache[slot_table[:, cached:].flatten()], v_cache[slot_table[:, cached:].flatten()]
+    cold_ms = time_ms(lambda: ops.prefill_attention(q, k, v, cu_seqlens, scale, max_seqlen=new), args.warmup, args.iters)
+    return dict(case=name, requests=batch, cached=cached, new=new, heads=heads, head_dim=HEAD_DIM, dtype="float16",
+                ms=round(ms, 4), new_tokens_per_s=round(tokens / (ms * 1e-3)), tflops=round(flops / (ms * 1e-3) / 1e12, 1),
+                cold_prefill_ms=round(cold_ms, 4), max_abs_err=float((out.float() - expected.float()).abs().max()))
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the JSON here as well")
@@ -142,7 +172,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu_gen = torch.Generator().manual_seed(0)
     report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                  peak_gbps=args.peak_gbps, decode=[], decode_sweep=[], prefill=[])
+                  peak_gbps=args.peak_gbps, decode=[], decode_sweep=[], prefill=[], extend=[])
     for case in DECODE_CASES:
         result, sweep = bench_decode(triton_ops, ref, case, args, gen, sweep=not args.no_sweep)
         report["decode"].append(result)
@@ -150,6 +180,8 @@ def main(argv=None) -> int:
         print(f"{case[0]}: {result['gbps']} GB/s ({result['fraction_of_peak']:.0%} of peak)", file=sys.stderr)
     for case in PREFILL_CASES:
         report["prefill"].append(bench_prefill(triton_ops, case, args, cpu_gen))
+    for case in EXTEND_CASES:
+        report["extend"].append(bench_extend(triton_ops, ref, case, args, cpu_gen))
     emit(report, args.out)
     return 0
 
