@@ -1,6 +1,7 @@
 """The scheduler interface. Schedulers see requests, token counts and `now`; never tensors."""
 
 from abc import ABC, abstractmethod
+from collections import deque
 
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
@@ -63,3 +64,22 @@ class Scheduler(ABC):
     def counters(self) -> dict[str, float]:
         """Each known client's service counter (read-only; for monitoring). Empty without counters."""
         return {}
+
+
+def arrival_key(req: Request) -> tuple[float, int]:
+    """The order requests arrived in (rid breaks ties, as the engine numbers them in order)."""
+    return (req.arrival, req.rid)
+
+
+def requeue(queue: deque[Request], req: Request) -> None:
+    """Put a preempted request back into an arrival-ordered queue: ahead of every request that
+    arrived after it, behind those that arrived before it."""
+    key = arrival_key(req)
+    pos = next((i for i, other in enumerate(queue) if arrival_key(other) > key), len(queue))
+    queue.insert(pos, req)
+
+
+def recomputed_tokens(req: Request, cached: int) -> int:
+    """Tokens whose K/V a preempted request's next prefill computes again (as Request.recomputed
+    counts them): all but the cached ones and its newest token, whose K/V was never computed."""
+    return max(0, req.prefill_len - 1 - cached)

@@ -4,11 +4,15 @@ from collections import Counter, deque
 
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Scheduler
+from slora_vtc.sched.base import Scheduler, requeue
 
 
 class FCFS(Scheduler):
-    """Arrival order; stops at the first request that does not fit (head-of-line)."""
+    """Arrival order; stops at the first request that does not fit (head-of-line).
+
+    A preempted request goes back in arrival order (so ahead of everything that arrived after
+    it); the victim is the default, the latest arrival.
+    """
 
     def __init__(self):
         self._queue: deque[Request] = deque()
@@ -22,6 +26,9 @@ class FCFS(Scheduler):
         while self._queue and budget.try_add(self._queue[0]):
             admitted.append(self._queue.popleft())
         return admitted
+
+    def on_preempt(self, req: Request, now: float) -> None:
+        requeue(self._queue, req)
 
     def num_waiting(self) -> int:
         return len(self._queue)

@@ -66,6 +66,16 @@ class RateLimited(Scheduler):
     def remove(self, req: Request) -> bool:
         return self.inner.remove(req)
 
+    def on_preempt(self, req: Request, now: float) -> None:
+        self.inner.on_preempt(req, now)
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        return self.inner.choose_victim(running, now)
+
+    @property
+    def supports_preemption(self) -> bool:
+        return self.inner.supports_preemption
+
     def waiting_by_client(self) -> dict[str, int]:
         return self.inner.waiting_by_client()
 

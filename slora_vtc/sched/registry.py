@@ -1,4 +1,4 @@
-"""Schedulers by name, built from a spec string such as `vtc`, `rpm:20` or `wvtc:1,2,3,4`."""
+"""Schedulers by name, built from a spec string such as `vtc`, `rpm:20`, `wvtc:1,2,3,4`, `lpm` or `lpm:128`."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.errors import UserError
 from slora_vtc.sched.base import Scheduler
+from slora_vtc.sched.dlpm import DLPM
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.limits import RPM
+from slora_vtc.sched.lpm import LPM
 from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
 
@@ -20,6 +22,12 @@ class SchedulerOptions:
     lift: Lift = Lift.PAPER
     extra_charge_at_finish: bool = False  # the artifact's quirk, off by default
     seed: int = 42  # for the randomised length predictor
+    charge_cached: float = 1.0  # weight of a cached prompt token in VTC's charge (1: the paper's VTC)
+    charge_recompute: bool = False  # charge again the K/V a preempted request computes again
+
+    def __post_init__(self):
+        if not 0 <= self.charge_cached <= 1:
+            raise UserError(f"--charge-cached must be in [0, 1], got {self.charge_cached}")
 
 
 Factory = Callable[[str | None, list[str], SchedulerOptions], Scheduler]
@@ -29,21 +37,43 @@ Factory = Callable[[str | None, list[str], SchedulerOptions], Scheduler]
 class Entry:
     factory: Factory
     help: str
-    arg: str | None = None  # name of the required argument, if any
+    arg: str | None = None  # name of the argument, if any (required unless `optional`)
+    optional: bool = False  # the argument may be left out: the factory then gets None
+
+    def usage(self, name: str) -> str:
+        """How a spec names it: `vtc`, `rpm:LIMIT`, `lpm:[N]`."""
+        if not self.arg:
+            return name
+        return f"{name}:[{self.arg}]" if self.optional else f"{name}:{self.arg}"
 
 
 def _vtc(opts: SchedulerOptions, **kwargs) -> VTC:
     kwargs.setdefault("lift", opts.lift)
-    return VTC(cost=opts.cost, extra_charge_at_finish=opts.extra_charge_at_finish, **kwargs)
+    return VTC(cost=opts.cost, extra_charge_at_finish=opts.extra_charge_at_finish, charge_cached=opts.charge_cached,
+               charge_recompute=opts.charge_recompute, **kwargs)
 
 
-def _positive_int(spec: str, text: str) -> int:
+def _lpm(spec: str, text: str | None) -> LPM:
+    return LPM(fcfs_above=None if text is None else _positive_int(spec, text, "the FCFS fallback threshold"))
+
+
+def _quantum(spec: str, text: str) -> float:
+    try:
+        q = float(text)
+    except ValueError:
+        raise UserError(f"scheduler '{spec}': the quantum '{text}' is not a number") from None
+    if not 0 < q < float("inf"):
+        raise UserError(f"scheduler '{spec}': the quantum must be positive and finite, got {text}")
+    return q
+
+
+def _positive_int(spec: str, text: str, what: str = "the limit") -> int:
     try:
         value = int(text)
     except ValueError:
         raise UserError(f"scheduler '{spec}': '{text}' is not an integer") from None
     if value <= 0:
-        raise UserError(f"scheduler '{spec}': the limit must be positive, got {value}")
+        raise UserError(f"scheduler '{spec}': {what} must be positive, got {value}")
     return value
 
 
@@ -78,6 +108,9 @@ SCHEDULERS: dict[str, Entry] = {
     "vtc-oracle": Entry(lambda a, c, o: _vtc(o, predictor=OraclePredictor()), "VTC charging the true output length up front"),
     "vtc-pred": Entry(lambda a, c, o: _vtc(o, predictor=UniformErrorPredictor(_ratio(f"vtc-pred:{a}", a), o.seed)), "VTC with a prediction uniform in actual*(1 +- R)", "R"),
     "vtc-avg": Entry(lambda a, c, o: _vtc(o, predictor=MovingAveragePredictor()), "VTC predicting a per-client moving average"),
+    "lpm": Entry(lambda a, c, o: _lpm(f"lpm:{a}", a), "longest cached prefix first (SGLang); FCFS above N waiting, if given", "N", optional=True),
+    "dlpm": Entry(lambda a, c, o: DLPM(_quantum(f"dlpm:{a}", a), charge_recompute=o.charge_recompute),
+                  "deficit LPM: LPM order, admission gated by per-client deficits refilled by quantum Q", "Q"),
 }
 
 
@@ -119,8 +152,10 @@ def build_scheduler(spec: str, clients: list[str], options: SchedulerOptions = S
     entry = SCHEDULERS.get(name)
     if entry is None:
         raise UserError(f"unknown scheduler '{name}' (known: {', '.join(SCHEDULERS)})")
-    if entry.arg and not arg:
+    if entry.arg and not entry.optional and not arg:
         raise UserError(f"scheduler '{name}' needs an argument: {name}:{entry.arg}")
+    if entry.optional and sep and not arg:
+        raise UserError(f"scheduler '{spec}': the argument after ':' is missing ({entry.usage(name)})")
     if not entry.arg and sep:
         raise UserError(f"scheduler '{name}' takes no argument, got '{spec}'")
     return entry.factory(arg or None, clients, options)

@@ -8,7 +8,7 @@ from enum import Enum
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Scheduler
+from slora_vtc.sched.base import Scheduler, arrival_key, recomputed_tokens, requeue
 from slora_vtc.sched.predict import LengthPredictor
 
 
@@ -29,6 +29,15 @@ class _Client:
     queue: deque | None = None
 
 
+@dataclass
+class _Admitted:
+    """What a request's first admission fixed, kept until it finishes or is aborted."""
+
+    input: float  # x_eff: uncached prompt tokens + charge_cached * cached ones
+    predicted: float  # predicted output length (0 without prediction)
+    charged: int  # highest token number charged for (token 1, the prefill's, is free)
+
+
 class VTC(Scheduler):
     """Serve the waiting client with the smallest counter; charge service as it is delivered.
 
@@ -36,6 +45,17 @@ class VTC(Scheduler):
     0 without prediction) and refunded down to h(x, actual) at finish. With p = 0 this is exactly
     plain VTC: h(x, 0) at admission, then h(x, n) - h(x, n - 1) before the step making token n.
     Selection uses a heap of waiting clients keyed by counter, so it costs O(log clients).
+
+    With a prefix cache, x is x_eff = uncached + charge_cached * cached prompt tokens, measured
+    by the budget at admission (charge_cached = 1, the default, is the paper's VTC).
+
+    Preemption: the victim is the latest arrival of the running client with the largest counter.
+    It goes back to the head of its client's queue (that client re-enters the heap without a lift)
+    and is not charged for its admission again; the token its second prefill yields is charged as
+    the decode step it replaces would have been, so a preempted request costs what an unpreempted
+    one does. With charge_recompute, its K/V computed again (Request.recomputed's count: the
+    prefill minus the cached tokens minus its newest token, whose K/V was never computed) are
+    charged h(recomputed, 0) on top.
     """
 
     def __init__(
@@ -45,15 +65,19 @@ class VTC(Scheduler):
         weights: dict[str, float] | None = None,
         predictor: LengthPredictor | None = None,
         extra_charge_at_finish: bool = False,
+        charge_cached: float = 1.0,
+        charge_recompute: bool = False,
     ):
         self.cost = cost
         self.lift = lift
         self.weights = dict(weights or {})
         self.predictor = predictor
         self.extra_charge_at_finish = extra_charge_at_finish
+        self.charge_cached = charge_cached
+        self.charge_recompute = charge_recompute
         self._clients: dict[str, _Client] = {}
         self._heap: list[tuple[float, int, int, str]] = []
-        self._predicted: dict[int, float] = {}
+        self._predicted: dict[int, _Admitted] = {}  # rid -> its charges, from first admission to its end
         self._last_left: str | None = None
         self._waiting = 0
 
@@ -126,18 +150,36 @@ class VTC(Scheduler):
             self._waiting -= 1
             if not client.queue:
                 self._last_left = name
-            predicted = self.predictor.predict(req) if self.predictor else 0.0
-            self._predicted[req.rid] = predicted
-            self._charge(name, self.cost(req.prompt_len, predicted))
+            if req.generated:  # only a preempted request comes back with tokens
+                self._charge_readmission(req, budget)
+            else:
+                self._charge_admission(req, budget)
             admitted.append(req)
         return admitted
+
+    def _charge_admission(self, req: Request, budget: Budget) -> None:
+        cached = budget.cached_len(req) if self.charge_cached != 1 else 0  # x_eff = x when cached tokens weigh 1
+        x_eff = req.prompt_len - (1 - self.charge_cached) * cached
+        predicted = self.predictor.predict(req) if self.predictor else 0.0
+        self._predicted[req.rid] = _Admitted(x_eff, predicted, charged=req.generated + 1)
+        self._charge(req.client, self.cost(x_eff, predicted))
+
+    def _charge_readmission(self, req: Request, budget: Budget) -> None:
+        """A preempted request prefilled again: its next token, unless the decode step it was
+        preempted from had charged it already; and the recomputation if asked."""
+        if self._predicted[req.rid].charged <= req.generated:
+            self._charge(req.client, self._token_charge(req))
+        if self.charge_recompute:
+            self._charge(req.client, self.cost(recomputed_tokens(req, budget.cached_len(req)), 0))
 
     def on_decode_step(self, running: list[Request], now: float) -> None:
         for req in running:
             self._charge(req.client, self._token_charge(req))
 
     def _token_charge(self, req: Request) -> float:
-        n, p, x = req.generated + 1, self._predicted[req.rid], req.prompt_len
+        record, n = self._predicted[req.rid], req.generated + 1
+        record.charged = n
+        x, p = record.input, record.predicted
         if n <= p:
             return 0.0
         return self.cost(x, n) - self.cost(x, max(n - 1, p))
@@ -154,10 +196,25 @@ class VTC(Scheduler):
         self._settle(req)
 
     def _settle(self, req: Request) -> None:
-        """Refund a prediction that overshot what the request actually received."""
-        predicted = self._predicted.pop(req.rid)
+        """Refund a prediction that overshot what the request actually received; forget it."""
+        record = self._predicted.pop(req.rid)
+        x, predicted = record.input, record.predicted
         if predicted > req.generated:
-            self._charge(req.client, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, predicted))
+            self._charge(req.client, self.cost(x, req.generated) - self.cost(x, predicted))
+
+    # -- preemption -----------------------------------------------------------------------
+    def on_preempt(self, req: Request, now: float) -> None:
+        client = self._client(req.client)
+        if not client.queue:  # back into the heap, without a lift: it was being served
+            client.version += 1
+            requeue(client.queue, req)
+            self._push(req.client)
+        else:
+            requeue(client.queue, req)
+        self._waiting += 1
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        return max(running, key=lambda r: (self.counter(r.client), arrival_key(r)))
 
     def num_waiting(self) -> int:
         return self._waiting
@@ -171,6 +228,8 @@ class VTC(Scheduler):
             c.queue.clear()
         self._heap.clear()
         self._waiting = 0
+        for req in drained:
+            self._forget_preempted(req)
         return drained
 
     def remove(self, req: Request) -> bool:
@@ -179,4 +238,10 @@ class VTC(Scheduler):
             return False
         client.queue.remove(req)
         self._waiting -= 1
+        self._forget_preempted(req)
         return True
+
+    def _forget_preempted(self, req: Request) -> None:
+        """A preempted request that ends while waiting is settled like an aborted running one."""
+        if req.generated:
+            self._settle(req)

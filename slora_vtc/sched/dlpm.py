@@ -1,0 +1,185 @@
+"""Deficit longest prefix match (DLPM, Algorithm 1 of arXiv 2501.14312): LPM order, gated by
+per-client deficits refilled by a quantum Q, so that locality is kept within a bounded unfairness.
+
+Service W = w_e * extend tokens + w_q * output tokens (w_e = 1, w_q = 2, the paper's, whatever
+--cost is). A client may admit only while its deficit q > 0; admitting charges q -= w_e * extend,
+each output token charges q -= w_q; when no client with a waiting request has q > 0, every active
+client with q <= 0 gets +Q. Hence -U < q <= Q, U = w_e * L_input + w_q * M (L_input: the largest
+input of a request, M: the most output tokens of one client's requests running at once), and two
+backlogged clients stay within 2 (U + Q) of each other in W (Thm 4.1).
+
+The paper's gaps (docs of ../research/dlpm.md section 6), decided:
+- Idle clients: a client with nothing waiting or running leaves the refill set, keeping
+  min(q, 0): credit saved while idle is not spent later (as VTC's lift), and pausing does not
+  clear a debt. A client seen for the first time starts at 0.
+- Refill: repeated until a client with a waiting request has credit, since one +Q may not lift
+  a debt of up to U > Q; never above Q, because only clients at q <= 0 get it.
+- Loop termination: the pass stops at the first request with credit that does not fit (the
+  budget is spent; head-of-line as every scheduler here) or when all were seen. After a mid-pass
+  refill it scans again from the top, so a refilled client's longer match is not passed over;
+  each scan admits a request or stops, so a round ends.
+- extend_len: prefill_len - budget.cached_len(req), measured at admission (there is no chunked
+  prefill). Two requests of one prefill batch sharing an uncached prefix both pay for it: the
+  cache takes a prefix only after its prefill, so both compute it.
+- Prefixes across clients: shared only under one adapter; where clients share one, whoever
+  computes it first pays (it is measured at admission) and later hits are free.
+- Output tokens: the prefill's token is charged w_q at admission and each decode token before its
+  step, so the charges are exactly W (leaving the first token free, as VTC does, would let W
+  drift from the charges by w_q per request and void the bound).
+- Preemption: the victim is the latest arrival of the running client with the lowest deficit (the
+  most served lately). It waits again in arrival order and is readmitted through the deficit
+  gate; its second prefill's token is charged w_q (unless its interrupted decode step already
+  was), its recomputed K/V w_e each only with charge_recompute.
+- Cached prompt tokens are free (Alg. 1); VTC's charge_cached does not apply here.
+"""
+
+from collections import Counter, deque
+
+from slora_vtc.memory.admission import Budget
+from slora_vtc.request import Request
+from slora_vtc.sched.base import Scheduler, arrival_key, recomputed_tokens, requeue
+from slora_vtc.sched.lpm import by_longest_prefix
+
+W_EXTEND, W_OUTPUT = 1.0, 2.0
+
+
+class DLPM(Scheduler):
+    """LPM order, admission gated by per-client deficits (module docstring: the algorithm and
+    every decision on what the paper leaves open)."""
+
+    def __init__(self, quantum: float, w_e: float = W_EXTEND, w_q: float = W_OUTPUT, charge_recompute: bool = False):
+        self.quantum = quantum
+        self.w_e, self.w_q = w_e, w_q
+        self.charge_recompute = charge_recompute
+        self.refills = 0  # rounds of +Q handed out
+        self._queue: deque[Request] = deque()  # arrival order
+        self._deficit: dict[str, float] = {}
+        self._waiting: Counter[str] = Counter()
+        self._running: Counter[str] = Counter()
+        self._charged: dict[int, int] = {}  # rid -> highest token number charged, while it runs or is preempted
+
+    # -- deficits -------------------------------------------------------------------------
+    def deficits(self) -> dict[str, float]:
+        """Every client's deficit q (a copy)."""
+        return dict(self._deficit)
+
+    def counters(self) -> dict[str, float]:
+        return self.deficits()
+
+    def _active(self, client: str) -> bool:
+        return self._waiting[client] + self._running[client] > 0
+
+    def _stalled(self) -> bool:
+        """Some client has a request waiting, and none of those has credit."""
+        waiting = [client for client, n in self._waiting.items() if n]
+        return bool(waiting) and not any(self._deficit[client] > 0 for client in waiting)
+
+    def _refill_while_stalled(self) -> None:
+        while self._stalled():
+            for client, q in self._deficit.items():
+                if q <= 0 and self._active(client):
+                    self._deficit[client] = q + self.quantum
+            self.refills += 1
+
+    def _leave_if_idle(self, client: str) -> None:
+        if not self._active(client):
+            self._deficit[client] = min(self._deficit[client], 0.0)
+
+    # -- scheduler interface --------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> bool:
+        self._deficit.setdefault(req.client, 0.0)
+        self._queue.append(req)
+        self._waiting[req.client] += 1
+        return True
+
+    def select(self, budget: Budget, now: float) -> list[Request]:
+        order = by_longest_prefix(self._queue, budget)
+        admitted: list[Request] = []
+        chosen: set[int] = set()
+        rescan = True
+        while rescan:
+            self._refill_while_stalled()
+            rescan = False
+            for req, cached in order:
+                if id(req) in chosen or self._deficit[req.client] <= 0:
+                    continue
+                if not budget.try_add(req):
+                    return self._take(admitted, chosen)
+                self._admit(req, cached, budget)
+                admitted.append(req)
+                chosen.add(id(req))
+                self._waiting[req.client] -= 1
+                self._running[req.client] += 1
+                if self._stalled():
+                    rescan = True
+                    break
+        return self._take(admitted, chosen)
+
+    def _take(self, admitted: list[Request], chosen: set[int]) -> list[Request]:
+        if chosen:
+            self._queue = deque(req for req in self._queue if id(req) not in chosen)
+        return admitted
+
+    def _admit(self, req: Request, cached: int, budget: Budget) -> None:
+        if not req.generated:  # a first prefill: its extend tokens and the token it yields
+            self._deficit[req.client] -= self.w_e * (req.prefill_len - cached) + self.w_q
+            self._charged[req.rid] = 1
+            return
+        if self._charged[req.rid] <= req.generated:  # back from a preemption
+            self._charge_token(req)
+        if self.charge_recompute:
+            self._deficit[req.client] -= self.w_e * recomputed_tokens(req, cached)
+
+    def _charge_token(self, req: Request) -> None:
+        self._deficit[req.client] -= self.w_q
+        self._charged[req.rid] = req.generated + 1
+
+    def on_decode_step(self, running: list[Request], now: float) -> None:
+        for req in running:
+            self._charge_token(req)
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+        for req in finished:
+            self._end_running(req)
+
+    def on_abort(self, req: Request, now: float) -> None:
+        self._end_running(req)
+
+    def _end_running(self, req: Request) -> None:
+        self._charged.pop(req.rid, None)
+        self._running[req.client] -= 1
+        self._leave_if_idle(req.client)
+
+    def on_preempt(self, req: Request, now: float) -> None:
+        self._running[req.client] -= 1
+        self._waiting[req.client] += 1
+        requeue(self._queue, req)
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        return max(running, key=lambda r: (-self._deficit[r.client], arrival_key(r)))
+
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
+    def waiting_by_client(self) -> dict[str, int]:
+        return {client: n for client, n in self._waiting.items() if n}
+
+    def drain(self) -> list[Request]:
+        drained, self._queue = list(self._queue), deque()
+        for req in drained:
+            self._end_waiting(req)
+        return drained
+
+    def remove(self, req: Request) -> bool:
+        try:
+            self._queue.remove(req)
+        except ValueError:
+            return False
+        self._end_waiting(req)
+        return True
+
+    def _end_waiting(self, req: Request) -> None:
+        if req.generated:  # preempted: forget what was kept for it
+            self._charged.pop(req.rid, None)
+        self._waiting[req.client] -= 1
+        self._leave_if_idle(req.client)
