@@ -6,28 +6,30 @@ Two clients each (client 0 is the misbehaving one in S1 / S2); per client, over 
 (seed 42): requests, requests/s, mean prompt, mean part of it already sent by an earlier request of
 the same client (shared), mean output; in/out are offered prompt / output tokens per second.
 
-| suite           | dur | client 0: req, req/s, prompt, shared, out, in/s, out/s | client 1 (as the normal suite)     |
-|-----------------|-----|--------------------------------------------------------|------------------------------------|
-| prefix_qa       |  90 |  880,  9.8, 1550, 1414,  15, 15160,  147               |  922, 10.2, 1546, 1409,  15, 15841 |
-| prefix_qa_s1    |  90 | 2666, 29.6, 1537, 1403,  15, 45523,  444 (3x rate)     |  922, 10.2                         |
-| prefix_qa_s2    |  90 |  880,  9.8, 2750, 2538,  15, 26893,  147 (2x docs)     |  922, 10.2                         |
-| prefix_tot      |  90 |  376,  4.2,  387,  324, 128,  1617,  535               |  254,  2.8,  376,  313, 130,  1061 |
-| prefix_tot_s1   |  90 | 4608, 51.2,  442,  410, 128, 22611, 6553 (4 branches)  |  516,  5.7                         |
-| prefix_tot_s2   |  90 |  376,  4.2, 1295, 1197, 128,  5409,  535 (10x question)|  254,  2.8                         |
-| prefix_judge    | 120 |  236,  2.0, 1055,  534, 128,  2074,  252               |  254,  2.1, 1073,  538, 129,  2271 |
-| prefix_judge_s1 | 120 | 2000, 16.7, 1056,  990, 128, 17594, 2133 (16 dims)     |  250,  2.1                         |
-| prefix_judge_s2 | 120 |  236,  2.0, 1655,  834, 128,  3254,  252 (+600 tokens) |  254,  2.1                         |
-| prefix_chat     | 120 |  407,  3.4,  448,  281, 147,  1519,  500               |  338,  2.8,  392,  227, 152,  1105 |
-| prefix_chat_s1  | 120 | 1153,  9.6,  404,  246, 142,  3879, 1363 (3x convs)    |  416,  3.5                         |
-| prefix_chat_s2  | 120 |  596,  5.0,  620,  450, 138,  3079,  684 (6-10 turns)  |  414,  3.5                         |
+| suite           | dur | client 0: req, req/s, prompt, shared, out, in/s, out/s | client 1: the same                  |
+|-----------------|-----|--------------------------------------------------------|-------------------------------------|
+| prefix_qa       |  90 |  910, 10.1, 1533, 1394,  15, 15497,  152               |  899, 10.0, 1554, 1416,  15, 15519,  150 |
+| prefix_qa_s1    |  90 | 2701, 30.0, 1551, 1415,  15, 46539,  450 (3x rate)     |  915, 10.2, 1599, 1456,  15, 16256,  152 |
+| prefix_qa_s2    |  90 |  910, 10.1, 2733, 2515,  15, 27630,  152 (2x docs)     |  899, 10.0, 1554, 1416,  15, 15519,  150 |
+| prefix_tot      |  90 |  338,  3.8,  384,  321, 128,  1441,  479               |  390,  4.3,  396,  332, 130,  1716,  561 |
+| prefix_tot_s1   |  90 | 5208, 57.9,  440,  408, 128, 25437, 7405 (4 branches)  |  464,  5.2,  374,  312, 126,  1927,  648 |
+| prefix_tot_s2   |  90 |  338,  3.8, 1307, 1209, 128,  4908,  479 (10x question)|  390,  4.3,  396,  332, 130,  1716,  561 |
+| prefix_judge    | 120 |  248,  2.1, 1044,  529, 128,  2157,  264               |  242,  2.0, 1028,  515, 129,  2073,  260 |
+| prefix_judge_s1 | 120 | 1856, 15.5, 1045,  980, 128, 16155, 1980 (16 dims)     |  250,  2.1, 1046,  524, 129,  2178,  269 |
+| prefix_judge_s2 | 120 |  248,  2.1, 1644,  829, 128,  3397,  264 (+600 tokens) |  242,  2.0, 1028,  515, 129,  2073,  260 |
+| prefix_chat     | 120 |  420,  3.5,  404,  247, 148,  1415,  519               |  421,  3.5,  380,  216, 148,  1332,  518 |
+| prefix_chat_s1  | 120 | 1350, 11.2,  420,  262, 144,  4727, 1623 (3x convs)    |  451,  3.8,  371,  227, 132,  1393,  496 |
+| prefix_chat_s2  | 120 |  680,  5.7,  665,  489, 142,  3770,  805 (6-10 turns)  |  434,  3.6,  410,  254, 145,  1484,  524 |
 
-Rates per client: QA 10 questions/s (S1 30), ToT 0.15 trees/s, judge 1 article/s, chat 1
-conversation/s (S1 3). What the simulator serves (VTC, no prefix cache, A10G testbed): QA about
-1.7 requests/s, ToT 2.7, judge 1.1, chat 2.2 (1,100-2,600 prompt + output tokens/s), so every
-client alone offers several times its fair half. With an ideal cache (each segment prefilled once,
-never evicted) the simulator serves about QA 19, ToT 9, judge 2.2, chat 4 requests/s: the two
-clients together still offer more (QA 20, ToT 7 (S1 57), judge 4, chat 6.2), so schedulers that
-keep locality are compared under overload too, ToT's normal suite excepted (near capacity).
+Rates per client: QA 10 questions/s (S1 30), ToT 0.2 trees/s, judge 1 article/s, chat 1
+conversation/s (S1 3). What the simulator serves (A10G testbed, conservative admission),
+requests/s, normal suites: VTC without a prefix cache QA 1.7, ToT 2.6, judge 1.1, chat 2.1; with
+the cache VTC 4.3, 4.5, 1.6, 2.2 and LPM 12.9, 4.7, 1.5, 2.6. The two clients offer 20, 8.1, 4.1
+and 7.0 requests/s, so both stay backlogged under every scheduler, cache or not: each has a
+request waiting at every moment of the last three quarters of the arrivals (measured for fcfs,
+vtc, lpm and dlpm:2000 on all 12 suites; tests/sim/test_prefix_suites.py checks VTC without a
+cache). Chat gains little from the cache: turn k + 1 repeats the reply of turn k, and the
+simulator's generated ids are not that reply's segment, so only turn k's prompt is shared.
 
 Every client has its own LoRA adapter, so prefixes are shared within a client, never across.
 Prompts are named segments (slora_vtc.segments): a client's documents, questions, thoughts,
@@ -48,9 +50,8 @@ pays off if the scheduler keeps to a few documents. A ToT tree's widest level (1
 ~600 tokens) fills the pool without sharing and fits easily with it; thoughts are 128 tokens, not
 the paper's 256, to keep a run short. A judge article (~1000 tokens) with 16 dimensions needs ~19k
 tokens cold, ~3.8k shared. Chat messages follow Chatbot Arena's means (user ~56, reply ~142).
-Under VTC without a cache both clients of every suite have a request waiting at every moment of
-the last three quarters of the duration (tests/sim/test_prefix_suites.py checks it). A run of any
-of them takes at most about 1.5 s here (prefix_qa_s1 and prefix_tot_s1, the largest).
+Durations (90 s, 120 s) keep a VTC run under about 1 s here; prefix_qa_s1 and prefix_tot_s1, the
+largest (3,600 and 5,700 requests), take 1.4-1.7 s (`slora-vtc run`, start-up included).
 """
 
 from collections.abc import Iterator
