@@ -2,7 +2,6 @@
 fake budget, the registry's specs, and DLPM's bounds (arXiv 2501.14312, Thm 4.1) on whole runs
 with the prefix cache."""
 
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -10,6 +9,7 @@ import pytest
 from conftest import FixedBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sched_util import FakeBudget, arrive, ids, reqs, rids, run_token
 
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
@@ -18,50 +18,6 @@ from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, LPM, VTC, SchedulerOptions, build_scheduler
-
-
-class FakeBudget:
-    """A budget driven by dicts: `cached[rid]` cached tokens; `room` tokens to admit into (each
-    request takes its extend tokens, prefill_len - cached); `offered` records every try_add."""
-
-    def __init__(self, cached: dict[int, int] | None = None, room: float = math.inf):
-        self.cached = cached or {}
-        self.room = room
-        self.offered: list[int] = []
-        self.asked: list[int] = []
-
-    def cached_len(self, r: Request) -> int:
-        self.asked.append(r.rid)
-        return self.cached.get(r.rid, 0)
-
-    def try_add(self, r: Request) -> bool:
-        self.offered.append(r.rid)
-        need = r.prefill_len - self.cached.get(r.rid, 0)
-        if need > self.room:
-            return False
-        self.room -= need
-        return True
-
-
-def reqs(*shapes):
-    """Requests (client, prompt, output) numbered 0, 1, ... in arrival order."""
-    return [Request(c, p, o, float(i), rid=i) for i, (c, p, o) in enumerate(shapes)]
-
-
-def arrive(sched, requests):
-    for r in requests:
-        assert sched.on_arrival(r, r.arrival)
-
-
-def rids(requests):
-    return [r.rid for r in requests]
-
-
-def run_token(*requests):
-    """What the engine's prefill or decode does to a request: one more token."""
-    for r in requests:
-        r.state = State.RUNNING
-        r.append_token(None, 0.0)
 
 
 # -- LPM ---------------------------------------------------------------------------------------
@@ -296,12 +252,6 @@ def headroom(requests: list[Request], seen: Observed) -> float:
     that can be charged to a client after its last admission with credit; every request here has
     at least 2 output tokens, so each is seen running after its prefill)."""
     return W_E * max(r.prompt_len for r in requests) + W_Q * seen.most_output_running
-
-
-def ids(client: int, segment: int, length: int) -> list[int]:
-    """Token ids of one named segment: the same (client, segment) always gives the same ids, and
-    no two segments share one (so prefixes are shared exactly where a test means them to be)."""
-    return [(client * 1000 + segment) * 10_000 + k for k in range(length)]
 
 
 CLIENT_SHAPE = st.tuples(
