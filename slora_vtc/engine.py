@@ -70,6 +70,8 @@ class Engine:
             self.scheduler.on_abort(req, self.clock.now())
         elif not self.scheduler.remove(req):
             return
+        else:
+            self.memory.forget(req)
         self._end(req, State.ABORTED, reason)
         self.memory.evict_unused(self.running)
 
@@ -89,14 +91,18 @@ class Engine:
             return True
         return False
 
-    def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None) -> list[Request]:
+    def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None, until: float | None = None) -> list[Request]:
         """Serve requests arriving at their `arrival` times until every one has ended.
 
         `on_step`, if given, is called after every forward pass (to observe the engine mid-run).
+        `until`: stop at this time instead; what has not finished by then is aborted.
         """
         pending = sorted(requests, key=lambda r: r.arrival)
         nxt = 0
         while nxt < len(pending) or self.busy:
+            if until is not None and self.clock.now() >= until:
+                self.stop(f"the run ended at {until:g} s", pending[nxt:])
+                break
             while nxt < len(pending) and pending[nxt].arrival <= self.clock.now():
                 self.add_request(pending[nxt])
                 nxt += 1
@@ -108,6 +114,14 @@ class Engine:
             elif self.busy:
                 raise RuntimeError("scheduler keeps requests waiting while the engine is idle")
         return pending
+
+    def stop(self, reason: str, not_arrived: Iterable[Request] = ()) -> None:
+        """Abort every running, waiting and not yet arrived request."""
+        for req in list(self.running):
+            self.abort(req, reason)
+        for req in [*self.scheduler.drain(), *not_arrived]:
+            self.memory.forget(req)
+            self._end(req, State.ABORTED, reason)
 
     def _admit(self) -> list[Request]:
         if self.running and self._steps_since_admission < self.config.max_wait_steps:

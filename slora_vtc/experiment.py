@@ -51,6 +51,7 @@ class Experiment:
     admission: str = "conservative"  # or optimistic: admit while slots are free, preempt by recompute
     charge_cached: float = 1.0  # VTC: weight of a cached prompt token (1: the paper's VTC; 0: extend tokens only)
     charge_recompute: bool = False  # VTC: charge again the tokens a preempted request recomputes
+    horizon: float | None = None  # stop at this time, aborting what has not finished (default: serve every request)
     trace: str | None = None  # a trace file for a trace suite (default: the paper's LMSYS trace)
     model: str | None = None  # real backends: a ModelSpec name or a Hugging Face folder (default: the backend's)
     adapters: int | None = None  # dummy LoRA adapters the clients map to, round robin (default: one per client on the
@@ -142,7 +143,7 @@ def cost_function(name: str, profile: str | None = None) -> CostFunction:
 
 
 def serve_requests(requests: list[Request], scheduler: Scheduler, config: EngineConfig, backend: ModelBackend,
-                   time_scale: float = 1.0, progress: bool = False, label: str = "") -> float:
+                   time_scale: float = 1.0, progress: bool = False, label: str = "", horizon: float | None = None) -> float:
     """Serve requests arriving at their times until each has ended; returns the total time.
 
     A simulated backend runs on a virtual clock; a real one on the wall clock, scaled by `time_scale`.
@@ -151,7 +152,7 @@ def serve_requests(requests: list[Request], scheduler: Scheduler, config: Engine
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
     memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
-        Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests)
+        Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests, until=horizon)
     return clock.now()
 
 
@@ -172,5 +173,6 @@ def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
         check_context(exp.model_name, requests)
     backend = build_backend(exp.backend, exp.backend_settings(config))
     scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})")
+    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})",
+                           exp.horizon)
     return RunResult.of(exp.result_config(config, workload), requests, total)

@@ -139,3 +139,26 @@ def mean_response_time(result: RunResult, client: str | None = None) -> float:
     """Mean time to first token of the finished requests (of one client, if given); NaN if none."""
     served = _served(result) if client is None else _served(result) & (result.array("client") == client)
     return float(result.array("first_token_latency")[served].mean()) if served.any() else float("nan")
+
+
+def window_service_rates(result: RunResult, start: float, end: float, cost: CostFunction = LinearCost()) -> dict[str, float]:
+    """Service each client received in [start, end], per second."""
+    got = accumulated_service(result, [start, end], cost)
+    return {c: float(v[1] - v[0]) / (end - start) for c, v in got.items()}
+
+
+def jain_index(result: RunResult, start: float, end: float, cost: CostFunction = LinearCost()) -> float:
+    """Jain's fairness index of the clients' service rates in [start, end]: (sum x)^2 / (n sum x^2),
+    1 when all are equal, 1/n when one client gets everything."""
+    x = np.array(list(window_service_rates(result, start, end, cost).values()))
+    return float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else float("nan")
+
+
+def cache_hit_rate(result: RunResult) -> float:
+    """Prompt tokens served from the prefix cache over all prompt tokens prefilled (finished requests;
+    a preempted request's later prefills count too)."""
+    served = _served(result)
+    added = int(result.config.get("added_tokens", 0))
+    prefilled = result.array("prompt_len")[served].sum() + added * served.sum() + result.array("recomputed")[served].sum()
+    cached = result.array("cached_tokens")[served].sum()
+    return float(cached / prefilled) if prefilled else 0.0

@@ -34,6 +34,7 @@ class MemoryManager:
         self.cache = RadixCache(pool) if cache else None
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
+        self._matched: dict[int, tuple] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
 
     @property
     def available(self) -> int:
@@ -41,9 +42,25 @@ class MemoryManager:
         return self.pool.num_free + (self.cache.evictable if self.cache else 0)
 
     def cached_len(self, req: Request) -> int:
-        """Tokens of the request's next prefill whose K/V the cache holds (at least one is left to compute)."""
+        """Tokens of the request's next prefill whose K/V the cache holds (at least one is left to
+        compute). Remembered per waiting request until the tree changes: a locality-aware scheduler
+        asks for every waiting request in every round."""
         ids = self.cache_ids(req)
-        return 0 if ids is None else self.cache.match_len(req.adapter, ids, req.prefill_len - 1)
+        if ids is None:
+            return 0
+        evictions = self.cache.evictions(req.adapter)
+        memo = self._matched.get(req.rid)
+        if memo is not None:
+            n, end, grown, seen_evictions, generated = memo
+            if end.grown == grown and seen_evictions == evictions and generated == req.generated:
+                return n
+        n, end = self.cache.match(req.adapter, ids, req.prefill_len - 1)
+        self._matched[req.rid] = (n, end, end.grown, evictions, req.generated)
+        return n
+
+    def forget(self, req: Request) -> None:
+        """A waiting request left (aborted): drop what was remembered for it."""
+        self._matched.pop(req.rid, None)
 
     def shared_tokens(self, req: Request) -> int:
         """Of a running request's slots, those the tree owns (counted in cache.locked, not as its own)."""
@@ -54,6 +71,7 @@ class MemoryManager:
         """Lock the batch's cached prefixes, load its adapters, and give each request slots for the
         rest of its prefill. Prefixes are locked first so that allocating cannot evict them."""
         for req in batch:
+            self._matched.pop(req.rid, None)
             self._lock_prefix(req)
         for req in batch:
             self._ensure_adapter(req.adapter)

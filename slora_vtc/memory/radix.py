@@ -21,10 +21,13 @@ from slora_vtc.memory.pool import TokenPool
 class Node:
     """A run of tokens (`key`) and their slots; `refs` requests read through it."""
 
-    __slots__ = ("key", "slots", "children", "parent", "refs", "last_use")
+    __slots__ = ("key", "slots", "children", "parent", "refs", "last_use", "adapter", "grown", "_raw")
 
-    def __init__(self, key: np.ndarray, slots: np.ndarray, parent: "Node | None"):
+    def __init__(self, key: np.ndarray, slots: np.ndarray, parent: "Node | None", adapter: str | None = None):
         self.key, self.slots, self.parent = key, slots, parent
+        self.adapter = parent.adapter if parent is not None else adapter
+        self.grown = 0  # bumped when the node gains a child or its edge is cut: a match ending at it may grow
+        self._raw: bytes | None = None
         self.children: dict[int, Node] = {}
         self.refs = 0
         self.last_use = 0
@@ -32,12 +35,31 @@ class Node:
     def __len__(self) -> int:
         return len(self.key)
 
+    @property
+    def raw(self) -> bytes:
+        """The key's bytes: a whole edge matches with one bytes.startswith, the common case."""
+        if self._raw is None:
+            self._raw = self.key.tobytes()
+        return self._raw
+
+    def cut(self, at: int) -> None:
+        """Keep the edge from `at` on (the first `at` tokens went to a new parent)."""
+        self.key, self.slots, self._raw = self.key[at:], self.slots[at:], None
+        self.grown += 1
+
     def __lt__(self, other: "Node") -> bool:  # heap ties
         return id(self) < id(other)
 
 
 def _ids(tokens: Sequence[int]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)
+
+
+def _matched(node: Node, ids: np.ndarray, raw: bytes, pos: int) -> int:
+    """Tokens of node's edge that ids[pos:] starts with."""
+    if raw.startswith(node.raw, pos * ids.itemsize):
+        return len(node)
+    return _common(node.key, ids[pos:])
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -54,7 +76,11 @@ class RadixCache:
         self._clock = count(1)  # an access counter, not time: LRU only needs an order
         self.size = 0  # slots the tree holds
         self.locked = 0  # slots on paths some request holds, each counted once
+        self._evictions: dict[str | None, int] = {}  # per adapter: a match may shrink only after one
         self._candidates: dict[int, Node] = {}  # leaves that may be evictable (checked again when used)
+
+    def evictions(self, adapter: str | None) -> int:
+        return self._evictions.get(adapter, 0)
 
     @property
     def evictable(self) -> int:
@@ -63,7 +89,16 @@ class RadixCache:
     # -- reading ----------------------------------------------------------------------------
     def match_len(self, adapter: str | None, tokens: Sequence[int], limit: int | None = None) -> int:
         """Tokens of `tokens` (at most `limit`) whose K/V the tree holds for this adapter."""
-        return sum(take for _, take in self._walk(adapter, _ids(tokens)[:limit]))
+        return self.match(adapter, tokens, limit)[0]
+
+    def match(self, adapter: str | None, tokens: Sequence[int], limit: int | None = None) -> tuple[int, Node]:
+        """match_len, and the node where the match stopped: until that node grows (`grown`) or
+        the adapter's tree loses a node (`evictions`), the same tokens match the same length."""
+        total, end = 0, self._root(adapter)
+        for node, take in self._walk(adapter, _ids(tokens)[:limit]):
+            total += take
+            end = node
+        return total, end
 
     def unlocked_len(self, adapter: str | None, tokens: Sequence[int], limit: int | None, seen: dict[int, int]) -> int:
         """Of the matched prefix, the slots no request locks yet and not already counted in `seen`
@@ -77,12 +112,12 @@ class RadixCache:
 
     def _walk(self, adapter: str | None, ids: np.ndarray):
         """(node, tokens of it matched) along the longest cached prefix of ids."""
-        node, pos = self._roots.get(adapter), 0
+        node, pos, raw = self._roots.get(adapter), 0, ids.tobytes()
         while node is not None and pos < len(ids):
             child = node.children.get(int(ids[pos]))
             if child is None:
                 return
-            take = _common(child.key, ids[pos:])
+            take = _matched(child, ids, raw, pos)
             yield child, take
             if take < len(child):
                 return
@@ -92,9 +127,9 @@ class RadixCache:
     def acquire(self, adapter: str | None, tokens: Sequence[int], limit: int | None = None) -> tuple[Node, np.ndarray]:
         """Lock the longest cached prefix (at most `limit` tokens): its deepest node and its slots."""
         ids = _ids(tokens)[:limit]
-        node, pos, parts = self._root(adapter), 0, []
+        node, pos, parts, raw = self._root(adapter), 0, [], ids.tobytes()
         while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
-            take = _common(child.key, ids[pos:])
+            take = _matched(child, ids, raw, pos)
             if take < len(child):
                 child = self._split(child, take)
             parts.append(child.slots)
@@ -128,10 +163,10 @@ class RadixCache:
         slots[present:] for the rest; returns `present` (the caller still owns slots[:present]
         that are not the tree's own)."""
         ids, slots = _ids(tokens), np.asarray(slots, dtype=np.int64)
-        node, pos = self._root(adapter), 0
+        node, pos, raw = self._root(adapter), 0, ids.tobytes()
         tick = next(self._clock)
         while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
-            take = _common(child.key, ids[pos:])
+            take = _matched(child, ids, raw, pos)
             if take < len(child):
                 child = self._split(child, take)
             child.last_use = tick
@@ -140,6 +175,7 @@ class RadixCache:
             leaf = Node(ids[pos:].copy(), slots[pos:].copy(), node)
             leaf.last_use = tick
             node.children[int(ids[pos])] = leaf
+            node.grown += 1
             self.size += len(leaf)
             self._candidates[id(leaf)] = leaf
         return pos
@@ -151,12 +187,13 @@ class RadixCache:
         upper.refs, upper.last_use = node.refs, node.last_use
         upper.children[int(node.key[at])] = node
         node.parent.children[int(node.key[0])] = upper
-        node.key, node.slots, node.parent = node.key[at:], node.slots[at:], upper
+        node.cut(at)
+        node.parent = upper
         return upper
 
     def _root(self, adapter: str | None) -> Node:
         if adapter not in self._roots:
-            self._roots[adapter] = Node(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), None)
+            self._roots[adapter] = Node(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), None, adapter)
         return self._roots[adapter]
 
     # -- eviction ---------------------------------------------------------------------------
@@ -188,4 +225,5 @@ class RadixCache:
         del node.parent.children[int(node.key[0])]
         self.pool.free(node.slots)
         self.size -= len(node)
+        self._evictions[node.adapter] = self._evictions.get(node.adapter, 0) + 1
         return len(node)

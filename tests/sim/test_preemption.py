@@ -96,3 +96,16 @@ def test_a_scheduler_that_cannot_take_requests_back_is_refused_under_optimistic_
 
     with pytest.raises(UserError, match="preempted"):
         Engine(EngineConfig(admission="optimistic"), NoPreempt(), sim_backend(), VirtualClock())
+
+
+def test_a_horizon_aborts_what_is_left_and_frees_the_pool():
+    requests = overcommitted()
+    ended = []
+    engine = Engine(EngineConfig(pool_tokens=3000, lora_rank=0, prefix_cache=True), build_scheduler("vtc", ["c0", "c1"]), sim_backend(),
+                    VirtualClock(), on_end=ended.append)
+    late = Request("c0", 10, 10, 500.0, rid=99)  # arrives after the horizon: never sent, aborted too
+    engine.run([*requests, late], until=5.0)
+    assert sorted(r.rid for r in ended) == [*range(12), 99]
+    finished = [r for r in ended if r.state is State.FINISHED]
+    assert not finished and all(r.state is State.ABORTED for r in ended)  # 800 tokens take far more than 5 s
+    assert 5.0 <= engine.clock.now() < 6.0 and engine.memory.pool.num_used == 0 and not engine.busy

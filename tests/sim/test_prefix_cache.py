@@ -247,3 +247,21 @@ def test_prefix_hit_points_fit_the_cached_attention_term():
             for n, cached, extend in [(1, 256, 32), (4, 1024, 32), (2, 1024, 128), (8, 256, 128)]]
     assert A10G_STEP_MODEL.with_prefix_hits(hits).cached_pair_s == pytest.approx(true_g, rel=1e-9)
     assert A10G_STEP_MODEL.with_prefix_hits([]).cached_pair_s == A10G_STEP_MODEL.decode_coef[2] / 128
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "evict", "ask"]), seqs, st.integers(0, 6)), max_size=40))
+def test_a_remembered_match_is_what_matching_again_gives(program):
+    """cached_len remembers a waiting request's match until its end node grows or its tree loses a node."""
+    memory = MemoryManager(TokenPool(400), 0, cache=True)
+    cache = memory.cache
+    waiting = [_with_ids("w", list(s), 1, rid) for rid, s in enumerate([(0, 1, 2, 0), (0, 1, 1), (2, 2, 2, 2, 1), (1,), (0, 0, 0, 1, 2)])]
+    for op, seq, k in program:
+        if op == "insert":
+            slots = memory.pool.alloc(len(seq))
+            present = cache.insert(None, seq, slots)
+            memory.pool.free(slots[:present])
+        elif op == "evict":
+            cache.evict(k)
+        for req in waiting:
+            assert memory.cached_len(req) == cache.match_len(None, req.prompt_ids, req.prefill_len - 1)
