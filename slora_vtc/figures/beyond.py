@@ -60,11 +60,42 @@ def _locality() -> Figure:
             vtc = numbers[s]["VTC"]["throughput_tok_s"]
             for label in LOCALITY:
                 numbers[s][label]["throughput_vs_vtc"] = round(numbers[s][label]["throughput_tok_s"] / vtc, 2)
+        _write(out / "tables" / "prefix_locality.md", _locality_table(numbers, suites))
+        _write(out / "tables" / "prefix_suites.md", _suite_table(suites))
         best = max(((s, label) for s in suites for label in LOCALITY if label.startswith("DLPM")), key=lambda k: numbers[k[0]][k[1]]["throughput_vs_vtc"])
         numbers["best_dlpm_vs_vtc"] = {"suite": best[0], "scheduler": best[1], "ratio": numbers[best[0]][best[1]]["throughput_vs_vtc"]}
         return numbers
 
     return Figure("prefix_locality", "-", "prefix suites: throughput, cache hit rate and Jain's index per scheduler", tuple(runs.values()), draw)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _locality_table(numbers: dict, suites: list[str]) -> str:
+    """Per suite and scheduler: throughput (x VTC), cache hit rate, Jain's index."""
+    labels = list(LOCALITY)
+    lines = ["| suite | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for s in suites:
+        cells = [f"{numbers[s][k]['throughput_tok_s']:,.0f} ({numbers[s][k]['throughput_tok_s'] / numbers[s]['VTC']['throughput_tok_s']:.2f}x), "
+                 f"{numbers[s][k]['cache_hit_rate']:.0%}, {numbers[s][k]['jain']:.2f}" for k in labels]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _suite_table(suites: list[str]) -> str:
+    """What each prefix suite offers, per client (seed 42, the whole duration)."""
+    lines = ["| suite | duration (s) | client | requests | mean prompt | mean output | offered tokens/s (in + out) |", "|---|---|---|---|---|---|---|"]
+    for s in suites:
+        workload = SUITES[s].workload()
+        for client in workload.clients:
+            mine = [r for r in workload.specs if r.client == client]
+            prompt, output = sum(r.prompt_len for r in mine), sum(r.output_len for r in mine)
+            lines.append(f"| {s} | {workload.duration:g} | {client} | {len(mine):,} | {prompt / len(mine):,.0f} | {output / len(mine):,.0f} | "
+                         f"{(prompt + output) / workload.duration:,.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _bars(numbers: dict, suites: list[str], key: str, ylabel: str, path: Path) -> None:
@@ -128,6 +159,16 @@ def preemption_numbers(result, duration: float, pool: int) -> dict:
             "bound_2_wq_M": 2 * 2 * pool}
 
 
+def _preemption_table(numbers: dict) -> str:
+    lines = ["| suite | admission | throughput (tokens/s) | preemptions | recomputed tokens | max service difference | 2 w_q M |",
+             "|---|---|---|---|---|---|---|"]
+    for s, rows in numbers.items():
+        for label, n in rows.items():
+            lines.append(f"| {s} | {label} | {n['throughput_tok_s']:,.1f} | {n['preemptions']:,} | {n['recomputed_tokens']:,} | "
+                         f"{n['service_difference_max']:,.0f} | {n['bound_2_wq_M']:,} |")
+    return "\n".join(lines) + "\n"
+
+
 def _preemption() -> Figure:
     runs = {(s, label): Experiment(suite=s, **settings) for s in PREEMPTION_SUITES for label, settings in ADMISSION.items()}
 
@@ -142,6 +183,7 @@ def _preemption() -> Figure:
             numbers[s] = {label: preemption_numbers(results[runs[s, label]], suite.duration, suite.pool_tokens) for label in ADMISSION}
         fig.suptitle("conservative (S-LoRA) against optimistic admission with preemption by recompute (vLLM)")
         save(fig, out / "preemption.png")
+        _write(out / "tables" / "preemption.md", _preemption_table(numbers))
         return numbers
 
     return Figure("preemption", "-", "conservative vs optimistic admission: service difference, preemptions, recompute",
