@@ -21,12 +21,13 @@ from slora_vtc.memory.pool import TokenPool
 class Node:
     """A run of tokens (`key`) and their slots; `refs` requests read through it."""
 
-    __slots__ = ("key", "slots", "children", "parent", "refs", "last_use", "adapter", "grown", "_raw")
+    __slots__ = ("key", "slots", "children", "parent", "refs", "last_use", "adapter", "grown", "serial", "_raw")
 
     def __init__(self, key: np.ndarray, slots: np.ndarray, parent: "Node | None", adapter: str | None = None):
         self.key, self.slots, self.parent = key, slots, parent
         self.adapter = parent.adapter if parent is not None else adapter
         self.grown = 0  # bumped when the node gains a child or its edge is cut: a match ending at it may grow
+        self.serial = 0  # creation order, set by the tree: breaks LRU ties the same way on every run
         self._raw: bytes | None = None
         self.children: dict[int, Node] = {}
         self.refs = 0
@@ -47,8 +48,8 @@ class Node:
         self.key, self.slots, self._raw = self.key[at:], self.slots[at:], None
         self.grown += 1
 
-    def __lt__(self, other: "Node") -> bool:  # heap ties
-        return id(self) < id(other)
+    def __lt__(self, other: "Node") -> bool:  # LRU ties: the older node first
+        return self.serial < other.serial
 
 
 def _ids(tokens: Sequence[int]) -> np.ndarray:
@@ -74,6 +75,7 @@ class RadixCache:
         self.pool = pool
         self._roots: dict[str | None, Node] = {}
         self._clock = count(1)  # an access counter, not time: LRU only needs an order
+        self._serials = count(1)
         self.size = 0  # slots the tree holds
         self.locked = 0  # slots on paths some request holds, each counted once
         self._evictions: dict[str | None, int] = {}  # per adapter: a match may shrink only after one
@@ -173,6 +175,7 @@ class RadixCache:
             node, pos = child, pos + take
         if pos < len(ids):
             leaf = Node(ids[pos:].copy(), slots[pos:].copy(), node)
+            leaf.serial = next(self._serials)
             leaf.last_use = tick
             node.children[int(ids[pos])] = leaf
             node.grown += 1
@@ -184,6 +187,7 @@ class RadixCache:
         """Cut node's edge after `at` tokens; the new upper node is returned, `node` keeps the tail
         (so a request's handle on a deep node stays valid)."""
         upper = Node(node.key[:at], node.slots[:at], node.parent)
+        upper.serial = next(self._serials)
         upper.refs, upper.last_use = node.refs, node.last_use
         upper.children[int(node.key[at])] = node
         node.parent.children[int(node.key[0])] = upper
