@@ -33,6 +33,7 @@ The paper's gaps (docs of ../research/dlpm.md section 6), decided:
 - Cached prompt tokens are free (Alg. 1); VTC's charge_cached does not apply here.
 """
 
+import math
 from collections import Counter, deque
 
 from slora_vtc.memory.admission import Budget
@@ -75,11 +76,18 @@ class DLPM(Scheduler):
         return bool(waiting) and not any(self._deficit[client] > 0 for client in waiting)
 
     def _refill_while_stalled(self) -> None:
+        """Hand out +Q to every active client at q <= 0, again and again until a waiting client
+        has credit; the k rounds that takes are added at once (a small Q would loop long)."""
         while self._stalled():
+            k = min(self._rounds_to_credit(self._deficit[c]) for c, n in self._waiting.items() if n)
             for client, q in self._deficit.items():
                 if q <= 0 and self._active(client):
-                    self._deficit[client] = q + self.quantum
-            self.refills += 1
+                    self._deficit[client] = q + min(k, self._rounds_to_credit(q)) * self.quantum
+            self.refills += k
+
+    def _rounds_to_credit(self, q: float) -> int:
+        """Refills that take a deficit q <= 0 above 0 (each stops once it is)."""
+        return math.floor(-q / self.quantum) + 1
 
     def _leave_if_idle(self, client: str) -> None:
         if not self._active(client):

@@ -127,6 +127,18 @@ def test_dlpm_refills_until_a_waiting_client_has_credit():
     assert dlpm.deficits() == {"a": -9} and dlpm.refills == 3
 
 
+def test_dlpm_hands_out_many_refills_at_once():
+    """Q = 0.001 and a debt of 10,002 (a 10,000-token prompt): the 10,002,000 refills that a needs
+    come in one go, b's stop once b is above 0, and nobody ends above Q."""
+    dlpm = build_scheduler("dlpm:0.001", [])
+    rs = reqs(("a", 10_000, 3), ("a", 10_000, 3), ("b", 5, 3))
+    arrive(dlpm, rs)
+    assert rids(dlpm.select(FakeBudget(), 0.0)) == [0, 2, 1]
+    assert dlpm.refills == 1 + 10_002_000
+    deficits = dlpm.deficits()
+    assert deficits["a"] == pytest.approx(0.001 - 10_002) and 0 < deficits["b"] <= 0.001
+
+
 def test_dlpm_stops_at_the_first_request_with_credit_that_does_not_fit():
     dlpm = DLPM(quantum=1000)
     rs = reqs(("a", 100, 3), ("b", 10, 3))
