@@ -32,6 +32,14 @@ def run_cli(capsys, *argv):
     (["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "-5"], "duration must be positive"),
     (["compare", "--suite", "overload", "--schedulers", "rpm:0,vtc", "--duration", "10"], "must be positive"),
     (["compare", "--suite", "overload", "--schedulers", "vtc,rpm:0", "--duration", "10"], "must be positive"),
+    (["run", "--suite", "prefix_qa", "--scheduler", "dlpm:0", "--duration", "5"], "quantum must be positive"),
+    (["run", "--suite", "prefix_qa", "--scheduler", "dlpm:-5", "--duration", "5"], "quantum must be positive"),
+    (["run", "--suite", "prefix_qa", "--scheduler", "dlpm:x", "--duration", "5"], "'x' is not a number"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--charge-cached", "1.5", "--duration", "5"], "--charge-cached must be in [0, 1], got 1.5"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--charge-cached", "-0.1", "--duration", "5"], "--charge-cached must be in [0, 1]"),
+    (["run", "--suite", "real", "--scheduler", "vtc", "--admission", "optimistic", "--pool-tokens", "1000", "--duration", "60"],
+     "--admission optimistic: a pool of 1000 tokens is too small for one request"),
+    (["run", "--suite", "overload", "--scheduler", "vtc", "--horizon", "0", "--duration", "5"], "--horizon must be positive"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)  # a run would write results/ here
@@ -186,3 +194,16 @@ def test_result_files_are_named_after_what_differs(capsys, tmp_path, monkeypatch
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
         "overload_vtc_duration-20.0.jsonl", "overload_vtc_duration-20.0_cost-profile.jsonl",
         "overload_wvtc-1_2_duration-20.0_testbed-a10g-2023.jsonl", "replay-mine_vtc.jsonl"]
+
+
+def test_a_prefix_cache_run_records_its_cached_tokens(capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    code, _, _ = run_cli(capsys, "run", "--suite", "prefix_qa", "--scheduler", "dlpm:8000", "--prefix-cache", "on", "--duration", "20",
+                         "--horizon", "20", "--out", str(out))
+    assert code == 0
+    (result,) = read_results(out)
+    assert result.config["prefix_cache"] is True and result.config["horizon"] == 20
+    finished = [r for r in result.responses if r.status == "finished"]
+    # 16 questions per document: all but the first of each reuse it (and every prompt shares its client's BOS)
+    assert sum(r.cached_tokens > 0 for r in finished) > len(finished) / 2
+    assert all(r.status in ("finished", "aborted") for r in result.responses)
