@@ -263,6 +263,8 @@ def serve(spec: str, requests: list[Request], admission: str, prefix: bool, opti
     assert all(r.state is State.FINISHED and r.generated == r.max_new_tokens for r in requests)
     engine.memory.flush()
     assert engine.memory.pool.num_free == pool and not engine.running and sched.num_waiting() == 0
+    inner = sched.inner if isinstance(sched, RateLimited) else sched
+    assert getattr(inner, "_predicted", {}) == {} and getattr(inner, "_charged", {}) == {}  # nothing kept per request
     return sched, first_cached, deficits, most_output_running[0]
 
 

@@ -6,11 +6,11 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import FixedBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_util import FakeBudget, arrive, ids, reqs, rids, run_token
 
+from slora_vtc.backends.sim import sim_backend
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import ProfiledCost
@@ -232,9 +232,8 @@ class Observed:
 
 
 def run_observed(spec: str, requests: list[Request], pool: int) -> Observed:
-    clock = VirtualClock()
     sched = build_scheduler(spec, ["a", "b"])
-    engine = Engine(EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, FixedBackend(clock=clock), clock)
+    engine = Engine(EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, sim_backend(), VirtualClock())
     seen = Observed()
     extend: dict[int, int] = {}  # rid -> extend tokens of its first prefill (a preemption's second one is not charged)
 
