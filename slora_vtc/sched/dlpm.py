@@ -8,7 +8,7 @@ client with q <= 0 gets +Q. Hence -U < q <= Q, U = w_e * L_input + w_q * M (L_in
 input of a request, M: the most output tokens of one client's requests running at once), and two
 backlogged clients stay within 2 (U + Q) of each other in W (Thm 4.1).
 
-The paper's gaps (docs of ../research/dlpm.md section 6), decided:
+What the paper leaves open, decided (each with its reason):
 - Idle clients: a client with nothing waiting or running leaves the refill set, keeping
   min(q, 0): credit saved while idle is not spent later (as VTC's lift), and pausing does not
   clear a debt. A client seen for the first time starts at 0.
@@ -31,6 +31,9 @@ The paper's gaps (docs of ../research/dlpm.md section 6), decided:
   gate; its second prefill's token is charged w_q (unless its interrupted decode step already
   was), its recomputed K/V w_e each only with charge_recompute.
 - Cached prompt tokens are free (Alg. 1); VTC's charge_cached does not apply here.
+- The quantum has no default: the paper does not give the Q of its main results (its Fig. 1
+  sweeps 1k to 32k), so a spec names it (`dlpm:8000`).
+- D2LPM (several replicas, Alg. 2) is not here: the engine is one replica.
 """
 
 import math
