@@ -55,7 +55,7 @@ def _locality() -> Figure:
         _bars(numbers, suites, "throughput_tok_s", "throughput (tokens/s)", out / "prefix_throughput.png")
         _bars(numbers, suites, "cache_hit_rate", "prefix cache hit rate", out / "prefix_hit_rate.png")
         _bars(numbers, suites, "jain", "Jain's index of service rates", out / "prefix_locality.png")
-        _service_over_time(results, runs, out / "prefix_service.png")
+        _service_over_time(results, runs, out)
         for s in suites:
             vtc = numbers[s]["VTC"]["throughput_tok_s"]
             for label in LOCALITY:
@@ -110,16 +110,16 @@ def _bars(numbers: dict, suites: list[str], key: str, ylabel: str, path: Path) -
     save(fig, path)
 
 
-def _service_over_time(results: Results, runs: dict, path: Path) -> None:
-    """Per-client service rate over time on the S1 suites (client 0 misbehaves)."""
-    shown = ("FCFS", "LPM", "VTC", "VTC extend", "DLPM 8k")
-    suites = [f"prefix_{w}_s1" for w in WORKLOADS]
-    fig, axes = panels(len(shown) * len(suites), width=3.6, height=2.8, rows=len(suites))
-    for row, s in enumerate(suites):
-        for col, label in enumerate(shown):
-            service_rate_panel(axes[row * len(shown) + col], results[runs[s, label]], SUITES[s].duration, f"{s}: {label}")
-    fig.suptitle("service rate per client over time, misbehaving client 0 (S1)")
-    save(fig, path)
+def _service_over_time(results: Results, runs: dict, out: Path) -> None:
+    """Per-client service rate over time, one PNG per workload: its three variants x every scheduler."""
+    for workload in WORKLOADS:
+        suites = [f"prefix_{workload}{v}" for v in VARIANTS]
+        fig, axes = panels(len(LOCALITY) * len(suites), width=3.4, height=2.6, rows=len(suites))
+        for row, s in enumerate(suites):
+            for col, label in enumerate(LOCALITY):
+                service_rate_panel(axes[row * len(LOCALITY) + col], results[runs[s, label]], SUITES[s].duration, f"{s}: {label}")
+        fig.suptitle(f"service rate per client over time, prefix_{workload} (client 0 misbehaves in S1 / S2)")
+        save(fig, out / f"prefix_service_{workload}.png")
 
 
 def _frontier() -> Figure:
