@@ -141,7 +141,8 @@ class Engine:
         self._retire(batch)
 
     def _decode(self) -> None:
-        while self.memory.available < len(self.running):  # only under optimistic admission
+        # conservative admission guarantees the slots (PoolExhausted otherwise: a bug, never hidden)
+        while self.config.admission == "optimistic" and self.memory.available < len(self.running):
             self._preempt(self.scheduler.choose_victim(self.running, self.clock.now()))
         if not self.running:
             return

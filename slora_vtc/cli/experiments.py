@@ -18,7 +18,7 @@ from slora_vtc.suites import SUITES, get_suite
 
 
 def scheduler_help() -> str:
-    return " | ".join(f"{n}:{e.arg}" if e.arg else n for n, e in SCHEDULERS.items())
+    return " | ".join(e.usage(n) for n, e in SCHEDULERS.items())
 
 
 def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
@@ -204,8 +204,7 @@ def cmd_list(args) -> int:
         print(f"  {s.name:22s} Fig {s.figure:3s} {s.description} ({s.duration:.0f} s, pool {s.pool_tokens})")
     print("schedulers:")
     for name, entry in SCHEDULERS.items():
-        spec = f"{name}:{entry.arg}" if entry.arg else name
-        print(f"  {spec:22s} {entry.help}")
+        print(f"  {entry.usage(name):22s} {entry.help}")
     print("backends:")
     for name, entry in BACKENDS.items():
         print(f"  {name:22s} {entry.help}")

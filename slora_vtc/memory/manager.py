@@ -84,13 +84,21 @@ class MemoryManager:
                 req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
 
     def cache_prefill(self, batch: Iterable[Request]) -> None:
-        """After a prefill: the prompts' K/V join the tree (later requests may share them at once)."""
+        """After a prefill: the prompts' K/V join the tree (later requests may share them at once).
+
+        A request whose prefix another request of the same batch has just put in the tree keeps
+        its own copy, and joins the tree only when it leaves: locking the tree's copy as well would
+        hold that prefix twice after the other request ends, which its admission did not count.
+        """
         if not self.cache:
             return
         for req in batch:
             ids = self.cache_ids(req)
-            if ids is not None:
-                self._insert(req, ids[: len(req.kv_slots)], keep_lock=True)
+            if ids is None:
+                continue
+            ids = ids[: len(req.kv_slots)]
+            if self.cache.match_len(req.adapter, ids) <= req.cached_len:
+                self._insert(req, ids, keep_lock=True)
 
     def extend(self, running: list[Request]) -> None:
         """One more slot per running request, for the token the next decode step writes."""

@@ -4,7 +4,7 @@ spec.py      which model a name or Hugging Face folder means (torch-free)
 adapters.py  which LoRA adapters a run serves (PEFT folders, dummies) and their pool layout (torch-free)
 weights.py   dummy weights from a ModelSpec, or a folder's safetensors
 pool.py      the pool's K/V buffers on the device (KV tokens and LoRA rows share them)
-llama.py     the forward pass: prefill over ragged prompts, decode through slot tables
+llama.py     the forward pass: prefill over ragged prompts (only past a cached prefix), decode through slot tables
 lora.py      adapter weights: read from PEFT folders or seeded, written into the pool
 sampling.py  greedy, temperature, top-k, top-p
 ops.py       the kernel set a model runs on; torch_ops.py is the CPU one

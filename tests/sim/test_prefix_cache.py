@@ -265,3 +265,18 @@ def test_a_remembered_match_is_what_matching_again_gives(program):
             cache.evict(k)
         for req in waiting:
             assert memory.cached_len(req) == cache.match_len(None, req.prompt_ids, req.prefill_len - 1)
+
+
+def test_a_prefix_computed_twice_in_one_batch_is_not_held_twice():
+    """Two requests of one prefill batch share an uncached 100-token prefix D, so both compute it.
+    The admission check saw two requests of 101 tokens each, and their worst moment is
+    max(249 + 102, 1 * 2 + 204) = 351 < 400 (by hand). The first request puts D in the tree. If
+    the second also locked the tree's D while keeping its own copy, D would stay held twice after
+    the first finished: 101 + 100 + 249 = 450 > 400, and the pool would run out."""
+    d = list(range(1000, 1100))
+    r1, r2 = _with_ids("a", d + [1], 2, -1), _with_ids("a", d + [2], 250, -1)
+    engine = Engine(EngineConfig(pool_tokens=400, lora_rank=0, prefix_cache=True), build_scheduler("fcfs", []), sim_backend(), VirtualClock())
+    engine.run([r1, r2])
+    assert r1.state is State.FINISHED and r2.state is State.FINISHED and r2.generated == 250
+    engine.memory.flush()
+    assert engine.memory.pool.num_used == 0
