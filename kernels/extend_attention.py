@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ._launch import capability, dot_dtype, dot_precision, interpreted, last_dim_contiguous, max_segment_len, pow2
+from .prefill_attention import attend_block
 from .prefill_attention import gpu_tiles as prefill_tiles
 
 LOG2E = 1.4426950408889634
@@ -53,14 +54,8 @@ def _extend_kernel(Q, KCache, VCache, Out, CuSeqlens, SlotTable, CachedLens, qk_
         kv_mask = nmask[:, None] & dmask
         k = tl.load(KCache + (slots * stride_ks)[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(VCache + (slots * stride_vs)[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # log2 units
-        scores = tl.where(query_pos[:, None] >= offs_n[None, :], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(row_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        row_sum = row_sum * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        row_max = new_max
+        visible = query_pos[:, None] >= offs_n[None, :]
+        row_max, row_sum, acc = attend_block(q, k, v, visible, row_max, row_sum, acc, qk_scale, DOT_DTYPE, PRECISION)
     out = acc / row_sum[:, None]
     tl.store(Out + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty), mask=rows_mask)
 

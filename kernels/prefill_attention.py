@@ -14,6 +14,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def attend_block(q, k, v, visible, row_max, row_sum, acc, qk_scale, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax: fold the visible scores of q against k into (max, sum, acc)."""
+    scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # log2 units
+    scores = tl.where(visible, scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+    rescale = tl.exp2(row_max - new_max)
+    p = tl.exp2(scores - new_max[:, None])
+    row_sum = row_sum * rescale + tl.sum(p, axis=1)
+    acc = acc * rescale[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    return new_max, row_sum, acc
+
+
+@triton.jit
 def _prefill_kernel(Q, K, V, Out, CuSeqlens, qk_scale,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -46,14 +59,8 @@ def _prefill_kernel(Q, K, V, Out, CuSeqlens, qk_scale,
         kv_mask = (offs_n[:, None] < length) & dmask
         k = tl.load(K + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(V + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # log2 units
-        scores = tl.where(offs_m[:, None] >= offs_n[None, :], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(row_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        row_sum = row_sum * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        row_max = new_max
+        visible = offs_m[:, None] >= offs_n[None, :]
+        row_max, row_sum, acc = attend_block(q, k, v, visible, row_max, row_sum, acc, qk_scale, DOT_DTYPE, PRECISION)
     out = acc / row_sum[:, None]
     tl.store(Out + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty), mask=rows_mask)
 

@@ -3,6 +3,23 @@
 import math
 
 from slora_vtc.request import Request, State
+from slora_vtc.sched.base import Scheduler
+
+
+class Plain(Scheduler):
+    """A scheduler without preemption hooks (it serves nothing)."""
+
+    def on_arrival(self, req, now):
+        return True
+
+    def select(self, budget, now):
+        return []
+
+    def num_waiting(self):
+        return 0
+
+    def drain(self):
+        return []
 
 
 class FakeBudget:

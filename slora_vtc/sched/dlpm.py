@@ -41,13 +41,14 @@ from collections import Counter, deque
 
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Scheduler, arrival_key, recomputed_tokens, requeue
+from slora_vtc.sched.base import arrival_key, recomputed_tokens
+from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.lpm import by_longest_prefix
 
 W_EXTEND, W_OUTPUT = 1.0, 2.0
 
 
-class DLPM(Scheduler):
+class DLPM(FCFS):
     """LPM order, admission gated by per-client deficits (module docstring: the algorithm and
     every decision on what the paper leaves open)."""
 
@@ -55,8 +56,8 @@ class DLPM(Scheduler):
         self.quantum = quantum
         self.w_e, self.w_q = w_e, w_q
         self.charge_recompute = charge_recompute
+        super().__init__()  # the waiting requests in arrival order
         self.refills = 0  # rounds of +Q handed out
-        self._queue: deque[Request] = deque()  # arrival order
         self._deficit: dict[str, float] = {}
         self._waiting: Counter[str] = Counter()
         self._running: Counter[str] = Counter()
@@ -99,9 +100,8 @@ class DLPM(Scheduler):
     # -- scheduler interface --------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> bool:
         self._deficit.setdefault(req.client, 0.0)
-        self._queue.append(req)
         self._waiting[req.client] += 1
-        return True
+        return super().on_arrival(req, now)
 
     def select(self, budget: Budget, now: float) -> list[Request]:
         order = by_longest_prefix(self._queue, budget)
@@ -164,27 +164,22 @@ class DLPM(Scheduler):
     def on_preempt(self, req: Request, now: float) -> None:
         self._running[req.client] -= 1
         self._waiting[req.client] += 1
-        requeue(self._queue, req)
+        super().on_preempt(req, now)
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
         return max(running, key=lambda r: (-self._deficit[r.client], arrival_key(r)))
-
-    def num_waiting(self) -> int:
-        return len(self._queue)
 
     def waiting_by_client(self) -> dict[str, int]:
         return {client: n for client, n in self._waiting.items() if n}
 
     def drain(self) -> list[Request]:
-        drained, self._queue = list(self._queue), deque()
+        drained = super().drain()
         for req in drained:
             self._end_waiting(req)
         return drained
 
     def remove(self, req: Request) -> bool:
-        try:
-            self._queue.remove(req)
-        except ValueError:
+        if not super().remove(req):
             return False
         self._end_waiting(req)
         return True

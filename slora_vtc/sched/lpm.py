@@ -1,10 +1,10 @@
 """Longest prefix match (SGLang's `lpm` policy): the most cached prompt first, for locality, not fairness."""
 
-from collections import Counter, deque
+from collections import deque
 
 from slora_vtc.memory.admission import Budget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Scheduler, requeue
+from slora_vtc.sched.fcfs import FCFS
 
 
 def by_longest_prefix(waiting: deque[Request], budget: Budget) -> list[tuple[Request, int]]:
@@ -13,7 +13,7 @@ def by_longest_prefix(waiting: deque[Request], budget: Budget) -> list[tuple[Req
     return sorted(((req, budget.cached_len(req)) for req in waiting), key=lambda pair: -pair[1])
 
 
-class LPM(Scheduler):
+class LPM(FCFS):
     """Each round, admit waiting requests in order of `budget.cached_len`, longest first, and
     stop at the first that does not fit, as SGLang does when its batch is full (and as every
     scheduler here does: no skipping ahead to a smaller request).
@@ -26,43 +26,17 @@ class LPM(Scheduler):
     """
 
     def __init__(self, fcfs_above: int | None = None):
+        super().__init__()  # the waiting requests in arrival order
         self.fcfs_above = fcfs_above
-        self._queue: deque[Request] = deque()  # arrival order
-
-    def on_arrival(self, req: Request, now: float) -> bool:
-        self._queue.append(req)
-        return True
 
     def select(self, budget: Budget, now: float) -> list[Request]:
-        if not self._queue:
-            return []
-        fallback = self.fcfs_above is not None and len(self._queue) > self.fcfs_above
-        order = list(self._queue) if fallback else [req for req, _ in by_longest_prefix(self._queue, budget)]
+        if self.fcfs_above is not None and len(self._queue) > self.fcfs_above:
+            return super().select(budget, now)
         admitted = []
-        for req in order:
+        for req, _ in by_longest_prefix(self._queue, budget):
             if not budget.try_add(req):
                 break
             admitted.append(req)
         chosen = {id(req) for req in admitted}
         self._queue = deque(req for req in self._queue if id(req) not in chosen)
         return admitted
-
-    def on_preempt(self, req: Request, now: float) -> None:
-        requeue(self._queue, req)
-
-    def num_waiting(self) -> int:
-        return len(self._queue)
-
-    def waiting_by_client(self) -> dict[str, int]:
-        return dict(Counter(req.client for req in self._queue))
-
-    def drain(self) -> list[Request]:
-        drained, self._queue = list(self._queue), deque()
-        return drained
-
-    def remove(self, req: Request) -> bool:
-        try:
-            self._queue.remove(req)
-        except ValueError:
-            return False
-        return True

@@ -2,6 +2,7 @@
 what it recomputes; with memory to spare it changes nothing."""
 
 import pytest
+from sched_util import Plain
 
 from slora_vtc.backends.sim import sim_backend
 from slora_vtc.clock import VirtualClock
@@ -81,21 +82,8 @@ def test_conservative_admission_never_preempts():
 
 
 def test_a_scheduler_that_cannot_take_requests_back_is_refused_under_optimistic_admission():
-    class NoPreempt(Scheduler):
-        def on_arrival(self, req, now):
-            return True
-
-        def select(self, budget, now):
-            return []
-
-        def num_waiting(self):
-            return 0
-
-        def drain(self):
-            return []
-
     with pytest.raises(UserError, match="preempted"):
-        Engine(EngineConfig(admission="optimistic"), NoPreempt(), sim_backend(), VirtualClock())
+        Engine(EngineConfig(admission="optimistic"), Plain(), sim_backend(), VirtualClock())
 
 
 def test_a_horizon_aborts_what_is_left_and_frees_the_pool():

@@ -6,34 +6,18 @@ import random
 
 import pytest
 from conftest import FixedBackend
-from sched_util import FakeBudget, arrive, ids, reqs, rids, run_token
+from sched_util import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
 
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State
-from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, Scheduler, SchedulerOptions, build_scheduler
+from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
 from slora_vtc.sched.predict import OraclePredictor
 
 
 def admit(sched, budget=None):
     return sched.select(budget or FakeBudget(), 0.0)
-
-
-class Plain(Scheduler):
-    """A scheduler without preemption hooks."""
-
-    def on_arrival(self, req, now):
-        return True
-
-    def select(self, budget, now):
-        return []
-
-    def num_waiting(self):
-        return 0
-
-    def drain(self):
-        return []
 
 
 # -- FCFS, RPM, LPM -------------------------------------------------------------------------------
