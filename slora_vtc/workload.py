@@ -1,7 +1,7 @@
 """What a workload is: requests to send (client, lengths, arrival time), independent of where they
 came from (a seeded suite, a trace file, a measured result file)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
@@ -36,6 +36,13 @@ class Workload:
     clients: tuple[str, ...]
     duration: float
     specs: tuple[RequestSpec, ...]
+
+    def scaled(self, copies: int) -> "Workload":
+        """The same clients sending `copies` times as much: every request repeated at its own time
+        (for a cluster of N replicas, N copies load each replica as one engine is loaded)."""
+        if copies == 1:
+            return self
+        return replace(self, specs=tuple(s for s in self.specs for _ in range(copies)))
 
     def requests(self, added_tokens: int = 0, vocab_size: int = 32000) -> list[Request]:
         """Fresh Request objects in arrival order (each client has its own LoRA adapter, as in the paper).

@@ -149,3 +149,15 @@ def test_bad_suite_and_duration():
         get_suite("nope")
     with pytest.raises(UserError, match="duration must be positive"):
         get_suite("overload").workload(duration=0)
+
+
+def test_a_scaled_workload_sends_each_request_copies_times_at_its_own_time():
+    from collections import Counter
+
+    from slora_vtc.suites import get_suite
+
+    base = get_suite("proportional").workload(60)
+    scaled = base.scaled(4)
+    assert scaled.clients == base.clients and scaled.duration == base.duration
+    assert Counter(scaled.specs) == Counter({s: 4 * n for s, n in Counter(base.specs).items()})
+    assert base.scaled(1) is base
