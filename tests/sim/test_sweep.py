@@ -1,0 +1,249 @@
+"""`slora-vtc sweep` without Ray (--local) and `plot-sweep`: the grid's cells, the table's rows,
+resuming, failed cells, and one-line errors (exit status 2) on bad grids."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import slora_vtc.sweep.cell as cell_module
+from slora_vtc.cli import main
+from slora_vtc.cli.report import summary_row
+from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.sweep import load_grid
+from slora_vtc.sweep.cell import Cell
+
+# overload: client0 sends 90 requests/min, client1 180, each 256 prompt + 256 output tokens
+GRID = """
+[grid]
+scheduler = ["vtc", "fcfs"]
+seed = [1, 2]
+
+[fixed]
+suite = "overload"
+duration = 20
+"""
+REQUESTS_IN_20_S = 30 + 60
+
+
+def write(tmp_path, text: str, name: str = "grid.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def sweep(capsys, *argv):
+    code = main(["sweep", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def counted_runs(monkeypatch):
+    """Count the runs the sweep makes (it runs cells through slora_vtc.sweep.cell.run_experiment)."""
+    calls = []
+
+    def counting(exp, *args, **kwargs):
+        calls.append(exp)
+        return run_experiment(exp, *args, **kwargs)
+
+    monkeypatch.setattr(cell_module, "run_experiment", counting)
+    return calls
+
+
+def test_the_grid_is_the_product_of_its_lists_in_file_order(tmp_path):
+    cells = load_grid(write(tmp_path, GRID))
+    assert [(c.settings["scheduler"], c.settings["seed"]) for c in cells] == [("vtc", 1), ("vtc", 2), ("fcfs", 1), ("fcfs", 2)]
+    assert all(c.settings["suite"] == "overload" and c.settings["duration"] == 20.0 for c in cells)
+    assert isinstance(cells[0].settings["duration"], float)  # duration is a float field; TOML gave an integer
+    assert len({c.id for c in cells}) == 4
+    assert cells[0].label == "scheduler=vtc seed=1"
+
+
+def test_a_cell_id_names_the_run_not_how_the_file_spells_it(tmp_path):
+    plain = Cell({"suite": "overload", "scheduler": "vtc"})
+    spelt_out = Cell({"suite": "overload", "scheduler": "vtc", "seed": 42, "cost": "linear"}, ("seed",))
+    assert plain.id == spelt_out.id
+    assert plain.id != Cell({"suite": "overload", "scheduler": "vtc", "seed": 43}).id
+    dashed = load_grid(write(tmp_path, '[grid]\npool-tokens = [20000]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\n'))
+    assert dashed[0].id == Cell({"suite": "overload", "scheduler": "vtc", "pool_tokens": 20000}).id
+
+
+def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, capsys, counted_runs):
+    out = tmp_path / "t.parquet"
+    code, stdout, _ = sweep(capsys, write(tmp_path, GRID), "--local", "--out", out)
+    assert code == 0 and "4 ok, 0 failed" in stdout and len(counted_runs) == 4
+    table = pd.read_parquet(out)
+    assert len(table) == 4 and set(table["status"]) == {"ok"} and set(table["error"]) == {""}
+    for row in table.itertuples():
+        result = run_experiment(Experiment(suite="overload", scheduler=row.scheduler, seed=row.seed, duration=20))
+        expected = summary_row(result)  # what `slora-vtc run` prints for the same run
+        assert (row.fairness_max, row.fairness_avg, row.fairness_var) == pytest.approx((expected["diff max"], expected["diff avg"], expected["diff var"]))
+        assert row.requests == REQUESTS_IN_20_S and row.finished + row.rejected + row.aborted == REQUESTS_IN_20_S
+        assert row.throughput == pytest.approx(row.finished * (256 + 256) / row.total_time)
+        assert set(json.loads(row.service_rates)) == {"client0", "client1"}
+        assert json.loads(row.settings)["seed"] == row.seed and len(row.git_rev) in (40, len("unknown"))
+        assert row.wall_s > 0 and row.cache_hit_rate == 0 and row.preemptions == 0
+
+
+def test_a_rerun_skips_every_finished_cell(tmp_path, capsys, counted_runs):
+    grid, out = write(tmp_path, GRID), tmp_path / "t.parquet"
+    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    first = pd.read_parquet(out)
+    counted_runs.clear()
+    code, stdout, stderr = sweep(capsys, grid, "--local", "--out", out)
+    assert code == 0 and counted_runs == [] and "4 already in" in stderr and "4 skipped" in stdout
+    pd.testing.assert_frame_equal(pd.read_parquet(out), first)
+    # a grid grown by one axis value runs only the new cells; the old rows stay
+    bigger = write(tmp_path, GRID.replace('["vtc", "fcfs"]', '["vtc", "fcfs", "lcf"]'))
+    assert sweep(capsys, bigger, "--local", "--out", out)[0] == 0
+    assert [e.scheduler for e in counted_runs] == ["lcf", "lcf"]
+    assert len(pd.read_parquet(out)) == 6
+
+
+def test_a_cell_that_raises_is_recorded_and_the_others_finish(tmp_path, capsys, monkeypatch):
+    def fcfs_breaks(exp, *args, **kwargs):
+        if exp.scheduler == "fcfs":
+            raise RuntimeError("the engine broke\nsecond line")
+        return run_experiment(exp, *args, **kwargs)
+
+    monkeypatch.setattr(cell_module, "run_experiment", fcfs_breaks)
+    grid, out = write(tmp_path, GRID), tmp_path / "t.parquet"
+    code, stdout, stderr = sweep(capsys, grid, "--local", "--out", out)
+    assert code == 1 and "2 ok, 2 failed" in stdout
+    assert stderr.count("failed: scheduler=fcfs seed=") == 2 and "RuntimeError: the engine broke" in stderr
+    table = pd.read_parquet(out).set_index("scheduler")
+    assert list(table.loc["fcfs", "status"]) == ["failed"] * 2 and list(table.loc["vtc", "status"]) == ["ok"] * 2
+    assert set(table.loc["fcfs", "error"]) == {"RuntimeError: the engine broke"}
+    assert table.loc["fcfs", "throughput"].isna().all() and (table.loc["vtc", "throughput"] > 0).all()
+    # fixed, a rerun runs the two failed cells again and replaces their rows
+    monkeypatch.setattr(cell_module, "run_experiment", run_experiment)
+    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    table = pd.read_parquet(out)
+    assert len(table) == 4 and set(table["status"]) == {"ok"}
+
+
+def test_an_interrupted_sweep_keeps_the_rows_it_had(tmp_path, capsys, monkeypatch):
+    def interrupted_at_the_third(exp, *args, **kwargs):
+        if exp.scheduler == "fcfs" and exp.seed == 1:
+            raise KeyboardInterrupt
+        return run_experiment(exp, *args, **kwargs)
+
+    monkeypatch.setattr(cell_module, "run_experiment", interrupted_at_the_third)
+    out = tmp_path / "t.parquet"
+    assert main(["sweep", str(write(tmp_path, GRID)), "--local", "--out", str(out)]) == 130
+    table = pd.read_parquet(out)
+    assert sorted(zip(table["scheduler"], table["seed"])) == [("vtc", 1), ("vtc", 2)]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_worker_processes_give_the_same_rows(tmp_path, capsys):
+    grid = write(tmp_path, GRID)
+    assert sweep(capsys, grid, "--local", "--out", tmp_path / "one.parquet")[0] == 0
+    assert sweep(capsys, grid, "--local", "--jobs", "2", "--out", tmp_path / "two.parquet")[0] == 0
+    assert_same_metrics(pd.read_parquet(tmp_path / "one.parquet"), pd.read_parquet(tmp_path / "two.parquet"))
+
+
+def assert_same_metrics(a, b):
+    """The same cells with the same results: everything but when and how long they ran."""
+    machine = ["wall_s", "finished_at"]
+    a, b = (t.drop(columns=machine).sort_values("cell").reset_index(drop=True) for t in (a, b))
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_without_ray_the_sweep_runs_locally_and_says_so(tmp_path, capsys, monkeypatch):
+    import slora_vtc.sweep.runners as runners
+
+    monkeypatch.setattr(runners, "ray_installed", lambda: False)
+    code, _, stderr = sweep(capsys, write(tmp_path, GRID.replace('"fcfs"', '"lcf"')), "--out", tmp_path / "t.parquet")
+    assert code == 0 and "ray is not installed" in stderr and "running the grid locally" in stderr
+    code, _, stderr = sweep(capsys, write(tmp_path, GRID), "--address", "localhost:6379")
+    assert code == 2 and stderr.strip() == "slora-vtc: error: --address needs Ray, which is not installed: pip install -r requirements-ray.txt"
+
+
+FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[grid]\nschedulr = ["vtc"]' + FIXED, "unknown setting 'grid.schedulr' (known: suite, scheduler, "),
+    ('[grid]\nscheduler = []' + FIXED, "grid.scheduler is an empty list"),
+    ('[grid]\nscheduler = "vtc"' + FIXED, "grid.scheduler must be a list of values"),
+    ('[grid]\nscheduler = ["vtc"]\nseed = [1, "two"]' + FIXED, "grid.seed = 'two' is not an integer"),
+    ('[grid]\nscheduler = ["vtc"]\nseed = [1.5]' + FIXED, "grid.seed = 1.5 is not an integer"),
+    ('[grid]\nscheduler = ["vtc"]\nprefix_cache = [1]' + FIXED, "grid.prefix_cache = 1 is not true or false"),
+    ('[grid]\nscheduler = ["vtc"]\npool_tokens = [true]' + FIXED, "grid.pool_tokens = True is not an integer"),
+    ('[grid]\nscheduler = ["vtc", "nope"]' + FIXED, "cell scheduler=nope: unknown scheduler 'nope'"),
+    ('[grid]\nscheduler = ["vtc"]\nsuite = ["overlord"]\n', "cell scheduler=vtc suite=overlord: unknown suite 'overlord'"),
+    ('[grid]\nscheduler = ["vtc"]\npool_tokens = [10000, 0]' + FIXED, "cell scheduler=vtc pool_tokens=0: --pool-tokens must be positive"),
+    ('[grid]\nscheduler = ["vtc"]\nseed = [1, 1]' + FIXED, "grid.seed lists 1 twice"),
+    ('[grid]\nscheduler = ["vtc"]\nduration = [20]' + FIXED, "'duration' is in both [grid] and [fixed]"),
+    ('[grid]\nscheduler = ["vtc"]\n', "every cell needs 'suite'"),
+    (FIXED, "no [grid] table"),
+    ('[grid]\nscheduler = ["vtc"]\n[runs]\nx = 1' + FIXED, "unknown table [runs]"),
+    ('[grid\n', "not valid TOML"),
+])
+def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs, text, message):
+    out = tmp_path / "t.parquet"
+    code, stdout, stderr = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
+    assert code == 2 and message in stderr and stderr.count("\n") == 1 and stderr.startswith("slora-vtc: error: ")
+    assert counted_runs == [] and not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--local", "--address", "localhost:6379"], "give one of them"),
+])
+def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
+    code, _, stderr = sweep(capsys, write(tmp_path, GRID), *argv)
+    assert code == 2 and message in stderr and stderr.count("\n") == 1
+
+
+def test_a_file_that_is_not_a_table_is_one_line(tmp_path, capsys):
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    code, _, stderr = sweep(capsys, write(tmp_path, GRID), "--local", "--out", junk)
+    assert code == 2 and stderr.strip() == f"slora-vtc: error: {junk}: not a sweep table (not a parquet file)"
+    code, _, stderr = sweep(capsys, tmp_path / "missing.toml", "--local")
+    assert code == 2 and "cannot read grid file" in stderr
+
+
+@pytest.fixture
+def table(tmp_path, capsys):
+    grid = write(tmp_path, GRID.replace("seed = [1, 2]", "seed = [1, 2]\npool_tokens = [6000, 10000]"))
+    out = tmp_path / "t.parquet"
+    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    return out
+
+
+def is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("argv", [
+    ["--x", "pool_tokens", "--y", "fairness_max", "--hue", "scheduler"],  # numeric x: lines, seeds in the band
+    ["--x", "scheduler", "--y", "throughput", "--hue", "pool_tokens"],  # categorical x: bars
+    ["--x", "seed", "--y", "ttft_mean"],  # no hue: one series
+])
+def test_plot_sweep_writes_a_png(table, tmp_path, capsys, argv):
+    png = tmp_path / "plot.png"
+    assert main(["plot-sweep", str(table), *argv, "--out", str(png)]) == 0
+    assert is_png(png) and f"wrote {png}" in capsys.readouterr().out
+
+
+def test_plot_sweep_writes_beside_the_table_by_default(table, capsys):
+    assert main(["plot-sweep", str(table), "--x", "seed", "--y", "throughput"]) == 0
+    assert is_png(table.with_name("t_throughput_by_seed.png"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--x", "sched", "--y", "throughput"], "no column 'sched' in the table (known: cell, "),
+    (["--x", "scheduler", "--y", "thruput"], "no column 'thruput'"),
+    (["--x", "scheduler", "--y", "throughput", "--hue", "nope"], "no column 'nope'"),
+    (["--x", "seed", "--y", "scheduler"], "--y 'scheduler' is not a numeric column"),
+])
+def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
+    assert main(["plot-sweep", str(table), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    if "no column" in message:
+        assert "scheduler" in err and "fairness_max" in err  # the line names the known columns
