@@ -3,7 +3,7 @@
 The same function serves simulated and real runs; only the backend (and so the clock) differs.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -13,6 +13,8 @@ from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.registry import BackendSettings, build_backend, get_backend
 from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.clock import VirtualClock, WallClock
+from slora_vtc.cluster import RouterOptions, build_router
+from slora_vtc.cluster.serve import build_cluster, serve_cluster
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
 from slora_vtc.engine import Engine
@@ -29,6 +31,7 @@ from slora_vtc.workload import Workload
 
 COSTS = ("linear", "profile")
 REAL_ONLY = ("model", "time_scale", "device", "dtype")  # fields a simulated run leaves out of its result file
+CLUSTER_ONLY = ("replicas", "router", "routers", "router_sync", "ingress_skew", "replica_pool_tokens", "replica_testbeds")  # and a single engine's
 SIM_ONLY = ("testbed",)  # and those a real run leaves out
 
 
@@ -61,6 +64,13 @@ class Experiment:
     time_scale: float = 1.0  # real backends: workload seconds per wall-clock second
     device: str | None = None  # real backends (default: cpu for torch, cuda for triton)
     dtype: str | None = None  # real backends (default: float32 on a CPU, float16 on a GPU)
+    replicas: int = 1  # engines behind a router (1: one engine, today's path)
+    router: str = "round-robin"  # a router spec (slora_vtc.cluster.ROUTERS)
+    routers: int = 1  # global-vtc: router instances, each with its own counters
+    router_sync: float | None = None  # their counters become cluster-wide every S s (None: never)
+    ingress_skew: float = 0.0  # share of a client's requests entering by its home router (the rest go round robin)
+    replica_pool_tokens: tuple[int, ...] = ()  # pool of replica i: entry i mod len (default: pool_tokens for all)
+    replica_testbeds: tuple[str, ...] = ()  # testbed of replica i: entry i mod len (default: testbed for all)
 
     @property
     def real_backend(self) -> bool:
@@ -87,6 +97,22 @@ class Experiment:
             return EngineConfig(**memory)
         spec = resolve_spec(self.model_name)
         return EngineConfig(**memory, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=self.adapter_table.sizes(spec))
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the run goes through the cluster loop (several replicas, or several routers)."""
+        return self.replicas > 1 or self.routers > 1
+
+    def replica_configs(self) -> list[EngineConfig]:
+        config = self.engine_config()
+        pools = self.replica_pool_tokens or (config.pool_tokens,)
+        return [replace(config, pool_tokens=pools[i % len(pools)]) for i in range(self.replicas)]
+
+    def replica_testbed(self, i: int) -> str:
+        return self.replica_testbeds[i % len(self.replica_testbeds)] if self.replica_testbeds else self.testbed
+
+    def router_options(self, workload: Workload) -> RouterOptions:
+        return RouterOptions(tuple(workload.clients), self.seed, self.routers, self.router_sync, self.ingress_skew)
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
         return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table, profile=self.profile, testbed=self.testbed,
@@ -116,7 +142,7 @@ class Experiment:
 
     def result_config(self, config: EngineConfig, workload: Workload) -> dict:
         fields = {**asdict(self), "model": self.model_name, "pool_tokens": config.pool_tokens, "duration": workload.duration}
-        left_out = SIM_ONLY if self.real_backend else REAL_ONLY
+        left_out = (SIM_ONLY if self.real_backend else REAL_ONLY) + (() if self.clustered else CLUSTER_ONLY)
         return {k: v for k, v in fields.items() if k not in left_out}
 
     def workload(self) -> Workload:
@@ -167,6 +193,8 @@ def check_context(model: str, requests: list[Request]) -> None:
 
 def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     """Run one experiment; every request ends finished, rejected or aborted."""
+    if exp.clustered:
+        return run_cluster_experiment(exp, progress)
     workload, config = exp.workload(), exp.engine_config()
     requests = exp.requests(workload)
     if exp.real_backend:
@@ -176,3 +204,17 @@ def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})",
                            exp.horizon)
     return RunResult.of(exp.result_config(config, workload), requests, total)
+
+
+def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult:
+    """Several simulated replicas behind a router; the result records each request's replica."""
+    if exp.real_backend:
+        raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
+    workload, configs = exp.workload(), exp.replica_configs()
+    requests = exp.requests(workload)
+    backends = [build_backend(exp.backend, replace(exp.backend_settings(c), testbed=exp.replica_testbed(i))) for i, c in enumerate(configs)]
+    router = build_router(exp.router, exp.router_options(workload))
+    cluster = build_cluster(router, configs, backends, lambda: build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options()))
+    label = f"{workload.name}/{exp.scheduler} x{exp.replicas} ({exp.router})"
+    total = serve_cluster(cluster, requests, progress, label, exp.horizon)
+    return RunResult.of(exp.result_config(configs[0], workload), requests, total, cluster.replica_of)

@@ -25,19 +25,22 @@ class Response:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, over all its prefills
     preemptions: int = 0
     recomputed: int = 0  # tokens computed again after its preemptions
+    replica: int | None = None  # a cluster run's replica that served it (-1: none); None (not written) for one engine
 
     @classmethod
-    def of(cls, req: Request) -> "Response":
+    def of(cls, req: Request, replica: int | None = None) -> "Response":
         served = req.state is State.FINISHED
         first = req.first_token_time - req.arrival if served else -1.0
         total = req.finish_time - req.arrival if served else -1.0
         output_len = req.generated if served else req.max_new_tokens  # fewer when stopped at EOS
         prompt_len = req.prompt_len - req.added_tokens  # the client's prompt, as the artifact's client recorded it
         return cls(req.client, prompt_len, output_len, req.arrival, first, total, req.state.value,
-                   req.cached_tokens, req.preemptions, req.recomputed)
+                   req.cached_tokens, req.preemptions, req.recomputed, replica)
 
     def record(self) -> dict:
         fields = asdict(self)
+        if self.replica is None:
+            del fields["replica"]
         return {k: v for k, v in fields.items() if k not in MEMORY_FIELDS or v}
 
 
@@ -48,8 +51,11 @@ class RunResult:
     responses: tuple[Response, ...]
 
     @classmethod
-    def of(cls, config: dict, requests: list[Request], total_time: float) -> "RunResult":
-        return cls(config, total_time, tuple(Response.of(r) for r in requests))
+    def of(cls, config: dict, requests: list[Request], total_time: float, replica_of: dict[int, int] | None = None) -> "RunResult":
+        """`replica_of`: rid -> replica, for a cluster run (each response then records its replica, -1 if none)."""
+        if replica_of is None:
+            return cls(config, total_time, tuple(Response.of(r) for r in requests))
+        return cls(config, total_time, tuple(Response.of(r, replica_of.get(r.rid, -1)) for r in requests))
 
     @property
     def clients(self) -> list[str]:
@@ -130,6 +136,7 @@ def _parse_response(where: str, raw: dict) -> Response:
         return Response(
             str(raw["client"]), int(raw["prompt_len"]), int(raw["output_len"]), float(raw["req_time"]),
             first, float(raw["request_latency"]), status, *(int(raw.get(f, 0)) for f in MEMORY_FIELDS),
+            None if raw.get("replica") is None else int(raw["replica"]),
         )
     except (TypeError, ValueError):
         raise UserError(f"{where}: a numeric field is not a number") from None

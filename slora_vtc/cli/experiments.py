@@ -7,6 +7,7 @@ from pathlib import Path
 from slora_vtc.backends.registry import BACKENDS
 from slora_vtc.backends.sim import DEFAULT_TESTBED, TESTBEDS, load_testbed
 from slora_vtc.cli.report import summary_table
+from slora_vtc.cluster import ROUTERS, build_router
 from slora_vtc.config import ADMISSIONS
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, run_experiment
@@ -45,6 +46,7 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
                         "none on a real backend; 0: none)")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
     add_memory_args(p)
+    add_cluster_args(p)
     real = p.add_argument_group("real backends (torch, triton)")
     add_model_args(real)
     add_lora_arg(real)
@@ -61,6 +63,34 @@ def add_memory_args(p) -> None:
     p.add_argument("--charge-cached", type=float, default=1.0,
                    help="VTC: weight of a cached prompt token in its counter, in [0, 1] (default 1: the paper's VTC; 0: extend tokens only)")
     p.add_argument("--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes")
+
+
+def router_help() -> str:
+    return " | ".join(e.usage(n) for n, e in ROUTERS.items())
+
+
+def add_cluster_args(p) -> None:
+    """Several replicas behind a router (simulator only)."""
+    c = p.add_argument_group("a cluster of replicas (simulator)")
+    c.add_argument("--replicas", type=int, default=1, help="engines behind the router, each with its own pool, scheduler and clock (default 1)")
+    c.add_argument("--router", default="round-robin", help=f"{router_help()} (default round-robin)")
+    c.add_argument("--routers", type=int, default=1, help="global-vtc: router instances, each with its own queues and counters (default 1)")
+    c.add_argument("--router-sync", type=float, help="seconds between the routers' counter synchronisations (default: never; 0: always)")
+    c.add_argument("--ingress-skew", type=float, default=0.0,
+                   help="share of a client's requests entering by its home router, the rest in turn (default 0; 1: each client by one router)")
+    c.add_argument("--replica-pool-tokens", type=_int_list, default=(), metavar="N,N,...", help="pool of replica i: entry i mod the list's length")
+    c.add_argument("--replica-testbeds", type=_str_list, default=(), metavar="T,T,...", help="testbed of replica i: entry i mod the list's length")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got '{text}'") from None
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(x for x in text.split(",") if x)
 
 
 def add_model_args(p, backend: bool = False) -> None:
@@ -91,14 +121,39 @@ def experiment(args, scheduler: str) -> Experiment:
         backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
         lora=tuple(args.lora), time_scale=args.time_scale, device=args.device, dtype=args.dtype,
         horizon=args.horizon, prefix_cache=args.prefix_cache == "on", admission=args.admission, charge_cached=args.charge_cached, charge_recompute=args.charge_recompute,
+        **cluster_fields(args),
     )
     check(exp)
     return exp
 
 
+def cluster_fields(args) -> dict:
+    return dict(replicas=args.replicas, router=args.router, routers=args.routers, router_sync=args.router_sync, ingress_skew=args.ingress_skew,
+                replica_pool_tokens=tuple(args.replica_pool_tokens), replica_testbeds=tuple(args.replica_testbeds))
+
+
+def check_cluster(exp: Experiment) -> None:
+    if exp.replicas < 1:
+        raise UserError(f"--replicas must be at least 1, got {exp.replicas}")
+    if exp.routers < 1:
+        raise UserError(f"--routers must be at least 1, got {exp.routers}")
+    if exp.router_sync is not None and not exp.router_sync >= 0:
+        raise UserError(f"--router-sync must not be negative, got {exp.router_sync}")
+    if not 0 <= exp.ingress_skew <= 1:
+        raise UserError(f"--ingress-skew must be in [0, 1], got {exp.ingress_skew}")
+    if any(p <= 0 for p in exp.replica_pool_tokens):
+        raise UserError("--replica-pool-tokens: every pool must be positive")
+    build_router(exp.router, exp.router_options(exp.workload()))
+    if exp.clustered and exp.real_backend:
+        raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
+    for testbed in exp.replica_testbeds:
+        load_testbed(testbed)
+
+
 def check(exp: Experiment) -> None:
     """Fail early, in one line, on input that could only fail deep inside a run."""
     get_suite(exp.suite)
+    check_cluster(exp)
     if exp.horizon is not None and not exp.horizon > 0:
         raise UserError(f"--horizon must be positive, got {exp.horizon}")
     if exp.pool_tokens is not None and exp.pool_tokens <= 0:
@@ -108,7 +163,7 @@ def check(exp: Experiment) -> None:
         load_testbed(exp.testbed)
     workload = exp.workload()
     scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    requests, config = exp.requests(workload), exp.engine_config()
+    requests, config = exp.requests(workload), max(exp.replica_configs(), key=lambda c: c.pool_tokens)
     if requests and not any(fits_alone(r, config) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
         raise UserError(f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
@@ -204,6 +259,9 @@ def cmd_list(args) -> int:
         print(f"  {s.name:22s} Fig {s.figure:3s} {s.description} ({s.duration:.0f} s, pool {s.pool_tokens})")
     print("schedulers:")
     for name, entry in SCHEDULERS.items():
+        print(f"  {entry.usage(name):22s} {entry.help}")
+    print("routers (--replicas N --router SPEC):")
+    for name, entry in ROUTERS.items():
         print(f"  {entry.usage(name):22s} {entry.help}")
     print("backends:")
     for name, entry in BACKENDS.items():

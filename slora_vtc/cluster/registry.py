@@ -1,0 +1,82 @@
+"""Routers by name, built from a spec string such as `round-robin`, `prefix-affinity:32` or `d2lpm:20000`."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slora_vtc.cluster.d2lpm import D2LPM
+from slora_vtc.cluster.global_vtc import GlobalVTC
+from slora_vtc.cluster.least_load import LeastLoad
+from slora_vtc.cluster.prefix_affinity import PrefixAffinity
+from slora_vtc.cluster.round_robin import RoundRobin
+from slora_vtc.cluster.router import Router, RouterOptions
+from slora_vtc.errors import UserError
+
+Factory = Callable[[str | None, RouterOptions], Router]
+
+
+@dataclass(frozen=True)
+class RouterEntry:
+    factory: Factory
+    help: str
+    arg: str | None = None  # name of the argument, if any (required unless `optional`)
+    optional: bool = False
+
+    def usage(self, name: str) -> str:
+        if not self.arg:
+            return name
+        return f"{name}:[{self.arg}]" if self.optional else f"{name}:{self.arg}"
+
+
+def _positive(spec: str, text: str, what: str, kind=float):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UserError(f"router '{spec}': {what} '{text}' is not a{'n integer' if kind is int else ' number'}") from None
+    if not 0 < value < float("inf"):
+        raise UserError(f"router '{spec}': {what} must be positive and finite, got {text}")
+    return value
+
+
+def _prefix_affinity(arg: str | None, o: RouterOptions) -> PrefixAffinity:
+    return PrefixAffinity() if arg is None else PrefixAffinity(_positive(f"prefix-affinity:{arg}", arg, "the prefix length", int))
+
+
+ROUTERS: dict[str, RouterEntry] = {
+    "round-robin": RouterEntry(lambda a, o: RoundRobin(), "request k to replica k mod N"),
+    "least-load": RouterEntry(lambda a, o: LeastLoad(), "the replica with the fewest waiting + running tokens"),
+    "prefix-affinity": RouterEntry(_prefix_affinity, "consistent hashing of the first K prompt token ids (default 64; the client without ids)",
+                                   "K", optional=True),
+    "d2lpm": RouterEntry(lambda a, o: D2LPM(_positive(f"d2lpm:{a}", a, "the quantum")),
+                         "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding (replicas run dlpm:Q_u)",
+                         "QW"),
+    "global-vtc": RouterEntry(lambda a, o: GlobalVTC(o), "replicas pull from one cluster-wide --scheduler (a VTC: least service first); "
+                              "--routers K: K routers synchronised every --router-sync s"),
+}
+
+
+def register_router(name: str, entry: RouterEntry) -> RouterEntry:
+    """Add a router (from a plugin); a name that is taken is an error."""
+    if name in ROUTERS:
+        raise UserError(f"router '{name}' is already registered")
+    if ":" in name or "," in name or not name:
+        raise UserError(f"router name '{name}' must be non-empty, without ':' or ','")
+    ROUTERS[name] = entry
+    return entry
+
+
+def build_router(spec: str, options: RouterOptions = RouterOptions()) -> Router:
+    """Build a router from `name` or `name:ARG`; raise UserError naming what is wrong."""
+    name, sep, arg = spec.partition(":")
+    entry = ROUTERS.get(name)
+    if entry is None:
+        raise UserError(f"unknown router '{name}' (known: {', '.join(ROUTERS)})")
+    if entry.arg and not entry.optional and not arg:
+        raise UserError(f"router '{name}' needs an argument: {entry.usage(name)}")
+    if entry.optional and sep and not arg:
+        raise UserError(f"router '{spec}': the argument after ':' is missing ({entry.usage(name)})")
+    if not entry.arg and sep:
+        raise UserError(f"router '{name}' takes no argument, got '{spec}'")
+    router = entry.factory(arg or None, options)
+    if options.routers > 1 and not isinstance(router, GlobalVTC):
+        raise UserError(f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{name}'")
+    return router

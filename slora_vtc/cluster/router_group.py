@@ -1,0 +1,202 @@
+"""K router instances, each a VTC with its own queues and counters, in front of one cluster: the
+per-router-replica deployment of llm-d's flow control and Dynamo's DRR, where a client's share
+depends on which router its requests came through (Dynamo's DEP #15187: two frontends, skewed
+ingress, a 4:1 policy served about 1:1).
+
+Ingress: a request goes to its client's home router (client index mod K) with probability
+`skew`, to the routers in turn otherwise. Dispatch: a replica with room asks the routers in
+turn, starting after the last one that dispatched. A router dispatches its least-counter client
+unless a client waiting at another router had, in its view, a smaller counter; when every
+router with work declines, the first asked dispatches (no router holds work back from an idle
+cluster). A router's view: the cluster-wide counters at the last synchronisation plus the
+charges of the requests it dispatched since. Every `sync_s` seconds the routers exchange their
+charges: each counter becomes the cluster-wide total (the last total plus every router's
+increase since), and each router learns which clients wait elsewhere. Without sync a router
+knows only its own clients and never declines, so the replicas are shared out among routers,
+not clients. With one router this is exactly global VTC.
+
+Cost: each dispatch decision scans the clients waiting elsewhere (O(clients)); each sync is
+O(routers x clients). This is for experiments on the failure, not for 10,000 clients.
+"""
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from slora_vtc.memory.admission import Budget
+from slora_vtc.request import Request
+from slora_vtc.sched.base import Scheduler, arrival_key
+from slora_vtc.sched.vtc import VTC
+
+
+class OneRequest:
+    """A budget that admits at most one request (then reports the rest as not fitting)."""
+
+    def __init__(self, budget: Budget):
+        self._budget = budget
+        self.used = False
+
+    def try_add(self, req: Request) -> bool:
+        if self.used:
+            return False
+        self.used = self._budget.try_add(req)
+        return self.used
+
+    def cached_len(self, req: Request) -> int:
+        return self._budget.cached_len(req)
+
+
+def least_waiting(vtc: VTC) -> str | None:
+    return vtc._min_waiting()  # VTC's own lazily refreshed heap; reading it is O(log clients)
+
+
+def set_counter(vtc: VTC, client: str, value: float) -> None:
+    """Overwrite a client's counter, keeping VTC's heap of waiting clients valid."""
+    c = vtc._client(client)
+    c.counter = value
+    if c.queue:
+        c.version += 1
+        vtc._push(client)
+
+
+class Ingress:
+    """Which router a request enters by: its client's home router with probability `skew`."""
+
+    def __init__(self, routers: int, clients: tuple[str, ...], skew: float, seed: int):
+        self.routers, self.skew = routers, skew
+        self._index = {c: i for i, c in enumerate(clients)}
+        self._rng = np.random.default_rng(seed)
+        self._turn = 0
+
+    def __call__(self, req: Request) -> int:
+        if self.skew > 0 and self._rng.random() < self.skew:
+            return self._index.setdefault(req.client, len(self._index)) % self.routers
+        self._turn = (self._turn + 1) % self.routers
+        return (self._turn - 1) % self.routers
+
+
+class RouterGroup(Scheduler):
+    """K VTC routers with periodic counter synchronisation (module docstring)."""
+
+    def __init__(self, routers: list[VTC], ingress: Callable[[Request], int], sync_s: float | None):
+        self.routers = routers
+        self.ingress = ingress
+        self.sync_s = sync_s
+        self.syncs = 0
+        self._next_sync = math.inf if sync_s is None else sync_s
+        self._owner: dict[int, int] = {}  # rid -> the router it entered by
+        self._turn = 0
+        self._totals: dict[str, float] = {}
+        self._elsewhere: list[set[str]] = [set() for _ in routers]
+
+    # -- synchronisation ------------------------------------------------------------------
+    def _maybe_sync(self, now: float) -> None:
+        if now < self._next_sync:
+            return
+        self._sync()
+        # sync_s = 0: every call syncs
+        self._next_sync = now if self.sync_s == 0 else (math.floor(now / self.sync_s) + 1) * self.sync_s
+
+    def totals(self) -> dict[str, float]:
+        """Cluster-wide counters: the last totals plus each router's increase since."""
+        names = {c for r in self.routers for c in r.counters()}
+        last = self._totals
+        return {c: last.get(c, 0.0) + sum(r.counter(c) - last.get(c, 0.0) for r in self.routers) for c in names}
+
+    def _sync(self) -> None:
+        self._totals = self.totals()
+        for r in self.routers:
+            for client, value in self._totals.items():
+                set_counter(r, client, value)
+        waiting = [{c for c, n in r.waiting_by_client().items() if n} for r in self.routers]
+        self._elsewhere = [set().union(*(w for j, w in enumerate(waiting) if j != k)) for k in range(len(self.routers))]
+        self.syncs += 1
+
+    # -- dispatch -------------------------------------------------------------------------
+    def _dispatcher(self) -> int | None:
+        k_all = len(self.routers)
+        asked = [(self._turn + i) % k_all for i in range(k_all)]
+        with_work = [k for k in asked if self.routers[k].num_waiting()]
+        for k in with_work:
+            if self._least_served_here(k):
+                return k
+        return with_work[0] if with_work else None
+
+    def _least_served_here(self, k: int) -> bool:
+        router = self.routers[k]
+        best = least_waiting(router)
+        mine = router.counter(best)
+        return all(mine <= router.counter(c) for c in self._elsewhere[k] if c != best)
+
+    def select(self, budget: Budget, now: float) -> list[Request]:
+        self._maybe_sync(now)
+        admitted: list[Request] = []
+        while (k := self._dispatcher()) is not None:
+            got = self.routers[k].select(OneRequest(budget), now)
+            if not got:
+                break
+            admitted += got
+            self._turn = (k + 1) % len(self.routers)
+        return admitted
+
+    # -- the rest of the scheduler interface, by owner --------------------------------------
+    def on_arrival(self, req: Request, now: float) -> bool:
+        self._maybe_sync(now)
+        k = self.ingress(req)
+        self._owner[req.rid] = k
+        return self.routers[k].on_arrival(req, now)
+
+    def _by_owner(self, requests: list[Request]) -> list[list[Request]]:
+        groups: list[list[Request]] = [[] for _ in self.routers]
+        for req in requests:
+            groups[self._owner[req.rid]].append(req)
+        return groups
+
+    def on_decode_step(self, running: list[Request], now: float) -> None:
+        self._maybe_sync(now)
+        for router, group in zip(self.routers, self._by_owner(running)):
+            if group:
+                router.on_decode_step(group, now)
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+        for router, done, part in zip(self.routers, self._by_owner(finished), self._by_owner(batch)):
+            if part:
+                router.on_finish(done, part, now)
+        for req in finished:
+            self._owner.pop(req.rid, None)
+
+    def on_abort(self, req: Request, now: float) -> None:
+        self.routers[self._owner.pop(req.rid)].on_abort(req, now)
+
+    def on_preempt(self, req: Request, now: float) -> None:
+        self.routers[self._owner[req.rid]].on_preempt(req, now)
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        return max(running, key=lambda r: (self.routers[self._owner[r.rid]].counter(r.client), arrival_key(r)))
+
+    def remove(self, req: Request) -> bool:
+        k = self._owner.get(req.rid)
+        if k is None or not self.routers[k].remove(req):
+            return False
+        del self._owner[req.rid]
+        return True
+
+    def num_waiting(self) -> int:
+        return sum(r.num_waiting() for r in self.routers)
+
+    def drain(self) -> list[Request]:
+        drained = [req for r in self.routers for req in r.drain()]
+        for req in drained:
+            self._owner.pop(req.rid, None)
+        return drained
+
+    def waiting_by_client(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for r in self.routers:
+            for c, n in r.waiting_by_client().items():
+                merged[c] = merged.get(c, 0) + n
+        return merged
+
+    def counters(self) -> dict[str, float]:
+        return self.totals()
