@@ -1,13 +1,15 @@
 # `make figures`, `make test` and `make test-sim` each create .venv (pinned dependencies) when it is
 # missing. The simulator needs only requirements.txt; `make test` adds the real engine (torch,
-# triton) and the server. `make test-sim` runs the simulator's tests alone, without torch installed.
+# triton), the server and Ray (sweeps). `make test-sim` runs the simulator's tests alone, without
+# torch or Ray installed (the Ray tests skip); `make test-ray` runs the sweep tests with Ray.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 SIM := $(VENV)/.sim-installed
 REAL := $(VENV)/.real-installed
+RAY := $(VENV)/.ray-installed
 
-.PHONY: figures docs test test-sim bench clean
+.PHONY: figures docs test test-sim test-ray bench clean
 
 $(SIM): requirements.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +21,10 @@ $(REAL): $(SIM) requirements-real.txt
 	$(PY) -m pip install -q -r requirements-real.txt
 	touch $(REAL)
 
+$(RAY): $(SIM) requirements-ray.txt
+	$(PY) -m pip install -q -r requirements-ray.txt
+	touch $(RAY)
+
 figures: $(SIM)
 	MPLBACKEND=Agg $(PY) -m slora_vtc figures
 	$(PY) -m slora_vtc docs --write
@@ -26,11 +32,14 @@ figures: $(SIM)
 docs: $(SIM)
 	$(PY) -m slora_vtc docs --write
 
-test: $(REAL)
+test: $(REAL) $(RAY)
 	$(PY) -m pytest -q
 
 test-sim: $(SIM)
 	$(PY) -m pytest -q tests/sim
+
+test-ray: $(RAY)
+	$(PY) -m pytest -q tests/sim/test_sweep.py tests/sim/test_sweep_ray.py
 
 bench: $(REAL)
 	$(PY) benchmarks/run.py

@@ -13,11 +13,10 @@ from pathlib import Path
 from slora_vtc.cli.experiments import check
 from slora_vtc.cli.plugins import PLUGINS_ENV
 from slora_vtc.errors import UserError
-from slora_vtc.sweep.cell import OK
-from slora_vtc.sweep.grid import load_grid
 
 
 def cmd_sweep(args) -> int:
+    from slora_vtc.sweep.grid import load_grid  # here, as every command's imports: the CLI starts faster
     from slora_vtc.sweep.runners import ray_installed, ray_session, run_local, run_on_ray
     from slora_vtc.sweep.table import SweepTable
 
@@ -51,6 +50,8 @@ def cmd_sweep(args) -> int:
 def _collect(rows, total: int, table) -> list[dict]:
     """Add each row to the table as it comes, under one progress bar; the failed rows."""
     from tqdm import tqdm
+
+    from slora_vtc.sweep.cell import OK
 
     revision, failed = git_revision(), []
     with tqdm(total=total, desc="sweep", unit="run", disable=not total) as bar:

@@ -28,7 +28,7 @@ def plot_sweep(frame, x: str, y: str, hue: str | None, out: Path) -> None:
     else:
         _bars(ax, stats, x, hue)
     ax.set_xlabel(x)
-    ax.set_ylabel(y + (" (mean, min-max band)" if (stats["min"] != stats["max"]).any() else ""))
+    ax.set_ylabel(y + (" (mean, with min to max)" if (stats["min"] != stats["max"]).any() else ""))
     if hue:
         ax.legend(title=hue)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 resuming, failed cells, and one-line errors (exit status 2) on bad grids."""
 
 import json
+from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -247,3 +248,15 @@ def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
     assert message in err and err.count("\n") == 1
     if "no column" in message:
         assert "scheduler" in err and "fairness_max" in err  # the line names the known columns
+
+
+@pytest.mark.skipif("router" not in {f.name for f in fields(Experiment)}, reason="Experiment has no cluster fields yet")
+def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path, capsys):
+    text = '[grid]\nreplicas = [2]\nrouter = ["round-robin", "least-load"]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\nduration = 20\n'
+    out = tmp_path / "t.parquet"
+    code, stdout, _ = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
+    assert code == 0 and "2 ok" in stdout
+    table = pd.read_parquet(out)
+    assert list(table["router"]) == ["round-robin", "least-load"] and (table["finished"] == REQUESTS_IN_20_S).all()
+    code, _, stderr = sweep(capsys, write(tmp_path, text.replace('"least-load"', '"nope"')), "--local", "--out", out)
+    assert code == 2 and "cell replicas=2 router=nope: unknown router 'nope'" in stderr and stderr.count("\n") == 1
