@@ -23,6 +23,7 @@ class EngineConfig:
     adapter_sizes: tuple[tuple[str, int], ...] = ()  # (name, slots) of adapters whose size differs from adapter_slots
     prefix_cache: bool = False  # share K/V of common prompt prefixes through a radix tree in the pool
     admission: str = "conservative"  # or "optimistic": admit while slots are free, preempt by recompute when short
+    macro_steps: bool = True  # simulator: run decode steps that single steps would run alike at once (same results)
 
     def __post_init__(self):
         if self.pool_tokens <= 0:

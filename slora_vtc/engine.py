@@ -9,14 +9,19 @@ Conservative admission (S-LoRA's, the default) reserves every request's worst ca
 ever preempted. Under optimistic admission a decode step that cannot get a slot for every running
 request first preempts the scheduler's victims by recompute: a victim's K/V are freed and it waits
 again with its generated tokens, to be prefilled over prompt and outputs later.
+
+On a simulated backend (virtual time) the decode steps between two events run as one macro-step
+with the same results (slora_vtc/macro_step.py; EngineConfig.macro_steps turns it off). `step`
+takes it when told when the next outside event comes; `run` does that unless `on_step` watches.
 """
 
 from collections.abc import Callable, Iterable
 
 from slora_vtc.backends.base import ModelBackend, StepResult
-from slora_vtc.clock import Clock
+from slora_vtc.clock import Clock, VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
+from slora_vtc.macro_step import alike_steps
 from slora_vtc.memory import Budget, MemoryManager, TokenPool, fits_alone
 from slora_vtc.request import Request, State
 from slora_vtc.sched.base import Scheduler
@@ -43,6 +48,7 @@ class Engine:
         if config.admission == "optimistic" and not scheduler.supports_preemption:
             raise UserError(f"scheduler {type(scheduler).__name__} cannot take preempted requests back: it needs --admission conservative")
         self.running: list[Request] = []
+        self._macro = config.macro_steps and backend.decodes_ahead and isinstance(clock, VirtualClock)
         self._steps_since_admission = 0
         self._next_rid = 0
 
@@ -80,14 +86,22 @@ class Engine:
         return bool(self.running) or self.scheduler.num_waiting() > 0
 
     # -- the loop -------------------------------------------------------------------------
-    def step(self) -> bool:
-        """One forward pass; returns False when there was nothing the engine could run."""
+    def step(self, until: float | None = None) -> bool:
+        """One forward pass; returns False when there was nothing the engine could run.
+
+        `until`: when the next thing outside the engine happens (an arrival, the end of the run).
+        Given it, a simulated decode may run as a macro-step, up to the first step ending at or
+        after `until`, or earlier where single steps would stop being alike.
+        """
         new = self._admit()
         if new:
             self._prefill(new)
             return True
-        if self.running:
-            self._decode()  # may finish the last running request: it still was a step
+        if self.running:  # a decode may finish the last running request: it still was a step
+            if until is not None and self._macro:
+                self._decode_ahead(until)
+            else:
+                self._decode()
             return True
         return False
 
@@ -98,7 +112,7 @@ class Engine:
         `until`: stop at this time instead; what has not finished by then is aborted.
         """
         pending = sorted(requests, key=lambda r: r.arrival)
-        nxt = 0
+        nxt, end = 0, float("inf") if until is None else until
         while nxt < len(pending) or self.busy:
             if until is not None and self.clock.now() >= until:
                 self.stop(f"the run ended at {until:g} s", pending[nxt:])
@@ -106,7 +120,7 @@ class Engine:
             while nxt < len(pending) and pending[nxt].arrival <= self.clock.now():
                 self.add_request(pending[nxt])
                 nxt += 1
-            if self.step():
+            if self.step(None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end):
                 if on_step:
                     on_step()
             elif nxt < len(pending):
@@ -151,6 +165,29 @@ class Engine:
         self._apply(self.running, self.backend.decode(self.running))
         self._steps_since_admission += 1
         self._retire(self.running)
+
+    def _decode_ahead(self, until: float) -> None:
+        steps = alike_steps(self.running, self.scheduler, self.memory, self.config, self._steps_since_admission)
+        if steps <= 1:
+            return self._decode()
+        steps, end = self.backend.decode_run(self.running, steps, self.clock.now(), until)
+        self.memory.extend(self.running, steps)
+        self._charge_and_grow(steps)
+        self.clock.wait_until(end)  # virtual time: now = end, summed step by step by the backend
+        self._steps_since_admission += steps
+        self._retire(self.running)
+
+    def _charge_and_grow(self, steps: int) -> None:
+        """Each running request `steps` tokens longer (what append_token does for the tokens a
+        simulator does not produce), charged before each as single steps charge."""
+        if self.scheduler.on_decode_steps(self.running, steps, self.clock.now()):
+            for req in self.running:
+                req.generated += steps
+            return
+        for _ in range(steps):
+            self.scheduler.on_decode_step(self.running, self.clock.now())
+            for req in self.running:
+                req.generated += 1
 
     def _apply(self, batch: list[Request], result: StepResult) -> None:
         self.clock.advance(result.elapsed)

@@ -25,6 +25,7 @@ class ModelBackend(ABC):
     """
 
     simulated: bool = False
+    decodes_ahead: bool = False  # whether decode_run can time several decode steps without running them
 
     @abstractmethod
     def prefill(self, reqs: list[Request]) -> StepResult:
@@ -33,6 +34,12 @@ class ModelBackend(ABC):
     @abstractmethod
     def decode(self, reqs: list[Request]) -> StepResult:
         """Generate one more token for every running request."""
+
+    def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
+        """Time up to `steps` decode steps of this batch from `start`, each one token longer, and stop
+        after the first that ends at or after `until`: (steps run, the time they end). Only where
+        `decodes_ahead`: a simulated backend, whose steps produce no tokens."""
+        raise NotImplementedError(f"{type(self).__name__} runs one decode step at a time")
 
     def release(self, req: Request) -> None:
         """Forget per-request state (sampling state, caches) once the request has left."""

@@ -127,6 +127,7 @@ class SimBackend(ModelBackend):
     """No model: each step 'takes' the time the fitted model predicts; tokens are not produced."""
 
     simulated = True
+    decodes_ahead = True
 
     def __init__(self, model: StepTimeModel):
         self.model = model
@@ -142,6 +143,18 @@ class SimBackend(ModelBackend):
     def decode(self, reqs: list[Request]) -> StepResult:
         context = sum(r.prompt_len + r.generated for r in reqs)
         return StepResult([None] * len(reqs), self.model.decode_time(len(reqs), context))
+
+    def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
+        # decode_time's terms, summed in its order, and the clock's sum step by step: the same floats
+        d, e, f = self.model.decode_coef
+        fixed, overhead = d + e * max(0, len(reqs) - self.model.decode_knee), self.model.overhead_s
+        context, now = sum(r.prompt_len + r.generated for r in reqs), start
+        for done in range(1, steps + 1):
+            now += fixed + f * context + overhead
+            if now >= until:
+                return done, now
+            context += len(reqs)
+        return steps, now
 
 
 # StepTimeModel.fit() of the A10G / Llama-7B profile (profiles/a10g_llama7b.json; a test checks

@@ -42,14 +42,27 @@ def summary_row(result: RunResult) -> dict:
 
 
 def summary_table(results: list[RunResult]) -> str:
-    import pandas as pd  # here, not at import time: the CLI starts faster
-
     if not any(r.count("finished") for r in results):
         raise UserError("no request finished, so there is nothing to summarise")
     rows = [summary_row(r) for r in results]
     labels = [line for label in dict.fromkeys(run_label(r.config) for r in results) for line in textwrap.wrap(label, WIDTH)]
     legend = LEGEND + (" " + WEIGHTED if any(_weights(r) for r in results) else "")
-    return "\n".join([*labels, pd.DataFrame(rows).to_string(index=False, float_format="%.1f"), *textwrap.wrap(legend, WIDTH)])
+    return "\n".join([*labels, plain_table(rows), *textwrap.wrap(legend, WIDTH)])
+
+
+def plain_table(rows: list[dict]) -> str:
+    """Columns right-aligned two spaces apart, numbers to one decimal: the table pandas printed
+    here, without importing pandas (a fifth of a second of every run's start)."""
+    headers = list(rows[0])
+    lines = [headers, *([_cell(row[h]) for h in headers] for row in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return "NaN" if value != value else f"{value:.1f}"
+    return str(value)
 
 
 def _weights(result: RunResult) -> dict[str, float] | None:

@@ -14,6 +14,7 @@ slots its prefill needs are available now; the engine preempts when a decode ste
 
 from bisect import bisect_right
 from itertools import accumulate
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from slora_vtc.config import EngineConfig
@@ -52,17 +53,18 @@ class Budget:
         self._memory = memory
         self._cache = memory.cache if memory is not None else None
         self._optimistic = config.admission == "optimistic"
-        self._neg_to_generate: list[int] = []  # ascending, i.e. to_generate descending
-        self._held: list[int] = []
         self._adapters = {r.adapter for r in running if r.adapter is not None}
         self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted this round, each at its size
         self._reserved = self._cache.locked if self._cache else 0  # cached slots held by running requests (and this round's)
         self._seen: dict[int, int] = {}  # tree nodes this round has reserved: node id -> tokens of it
         self._available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
-        self._count = 0
         self._prompt_tokens = 0
-        for req in running:
-            self._insert(req.remaining, req.held_tokens - (memory.shared_tokens(req) if memory else 0))
+        shared = memory.shared_tokens if memory is not None and memory.cache is not None else None
+        # sorted once (stable: ties keep the running order, as inserting one by one after equals would)
+        entries = sorted(((-r.remaining, r.held_tokens - (shared(r) if shared else 0)) for r in running), key=itemgetter(0))
+        self._neg_to_generate: list[int] = [neg for neg, _ in entries]  # ascending, i.e. to_generate descending
+        self._held: list[int] = [held for _, held in entries]
+        self._count = len(entries)
 
     def cached_len(self, req: Request) -> int:
         return self._memory.cached_len(req) if self._cache else 0
@@ -92,6 +94,33 @@ class Budget:
             self._adapters.add(req.adapter)
             self._adapter_slots += new_adapter_slots
         return True
+
+    def first_fit(self, req: Request, steps: range) -> int | None:
+        """On a budget nothing was added to: the first s in `steps` after which `req` would fit if the
+        running batch only decoded s more steps (each running request holding s tokens more and
+        generating s fewer; no arrival, finish, admission or eviction); None if after none.
+
+        try_add's check, evaluated for every s at once: sorted by tokens to generate, running entry
+        i keeps t_i * (i + 1) + H_i ahead of the candidate and becomes t_i * (i + 2) + H_i + held - s
+        behind it (H: the running entries' cumulative held tokens before the steps)."""
+        if self._count + 1 > self.config.max_running or not steps:
+            return None
+        extend = req.prefill_len - self.cached_len(req)
+        new_adapter_slots = self.config.slots_of(req.adapter) if req.adapter is not None and req.adapter not in self._adapters else 0
+        locking = self._newly_locked(req, dict(self._seen))
+        if self._optimistic:  # what is available only shrinks, by one slot per running request and step
+            return steps[0] if extend + locking + new_adapter_slots < self._available - steps[0] * self._count else None
+        limit = self.config.pool_tokens - (self._adapter_slots + new_adapter_slots + self._reserved + locking)
+        to_generate, held = req.remaining - 1, extend + 1
+        t, cum = [-n for n in self._neg_to_generate], list(accumulate(self._held))
+        ahead = list(accumulate((ti * (i + 1) + ci for i, (ti, ci) in enumerate(zip(t, cum))), max, initial=-1))
+        behind = list(accumulate((ti * (i + 2) + ci + held for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max, initial=-1))[::-1]
+        for s in steps:
+            pos = bisect_right(self._neg_to_generate, -(to_generate + s))  # running entries still at least as long
+            need = max(ahead[pos], to_generate * (pos + 1) + (cum[pos - 1] if pos else 0) + s * pos + held, behind[pos] - s)
+            if need < limit:
+                return s
+        return None
 
     def _newly_locked(self, req: Request, seen: dict[int, int]) -> int:
         ids = self._memory.cache_ids(req) if self._cache else None

@@ -100,12 +100,16 @@ class MemoryManager:
             if self.cache.match_len(req.adapter, ids) <= req.cached_len:
                 self._insert(req, ids, keep_lock=True)
 
-    def extend(self, running: list[Request]) -> None:
-        """One more slot per running request, for the token the next decode step writes."""
-        for req, slot in zip(running, self._alloc(len(running)).tolist()):
-            req.kv_slots.append(slot)
+    def extend(self, running: list[Request], steps: int = 1) -> None:
+        """One more slot per running request and step, for the tokens the next decode steps write
+        (`steps` at once get the slots that as many single calls would)."""
+        n = len(running)
+        slots = self._alloc(n * steps).tolist()
+        for i, req in enumerate(running):
+            mine = slots[(steps - 1) * n + i :: -n]  # step 1 took the top of the free stack, as one call would
+            req.kv_slots.extend(mine)
             if self.cache:
-                self._own[req.rid].append(slot)
+                self._own[req.rid].extend(mine)
 
     def release(self, req: Request, keep: bool = True) -> None:
         """Free the request's slots. With a cache and `keep`, the K/V it computed stay cached

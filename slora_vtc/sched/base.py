@@ -33,6 +33,21 @@ class Scheduler(ABC):
     def on_decode_step(self, running: list[Request], now: float) -> None:
         """Called before each decode step with the requests about to get one more token."""
 
+    def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
+        """Charge `steps` decode steps of the same batch at once (a macro-step of the simulator;
+        `now`: the time before the first), where the result is exactly that of as many
+        on_decode_step calls. Returns whether it did; if not (the default), the engine calls
+        on_decode_step before each of the steps, as single steps would."""
+        return False
+
+    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+        """The request `select` would try first after each of the next `steps` - 1 decode steps of
+        `running`, if nothing arrives, finishes or is admitted meanwhile: pairs (first step, request)
+        in step order, each request holding until the next pair's step. Only for a scheduler whose
+        select admits nothing when that request does not fit, and then changes nothing that
+        matters. None (the default): it cannot say, and the engine asks select at each such step."""
+        return None
+
     def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
         """Called after a step in which `finished` completed; `batch` still includes them."""
 

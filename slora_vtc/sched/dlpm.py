@@ -149,6 +149,20 @@ class DLPM(FCFS):
         for req in running:
             self._charge_token(req)
 
+    def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
+        """w_q per token: one product per client where the deficits are whole numbers (then it
+        equals the per-step sums exactly); otherwise the engine charges step by step."""
+        per_step = Counter(req.client for req in running)
+        exact = type(self).on_decode_step is DLPM.on_decode_step and float(self.w_q).is_integer() and all(
+            self._deficit[c].is_integer() and abs(self._deficit[c]) + self.w_q * n * steps < 2.0**52 for c, n in per_step.items())
+        if not exact:
+            return False
+        for client, n in per_step.items():
+            self._deficit[client] -= self.w_q * n * steps
+        for req in running:
+            self._charged[req.rid] = req.generated + steps
+        return True
+
     def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
         for req in finished:
             self._end_running(req)

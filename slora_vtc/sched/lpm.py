@@ -40,3 +40,11 @@ class LPM(FCFS):
         chosen = {id(req) for req in admitted}
         self._queue = deque(req for req in self._queue if id(req) not in chosen)
         return admitted
+
+    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+        """Matches change only when the tree does, and decode steps that evict nothing leave it alone."""
+        if type(self).select is not LPM.select or not self._queue:
+            return None
+        if self.fcfs_above is not None and len(self._queue) > self.fcfs_above:
+            return [(0, self._queue[0])]
+        return [(0, by_longest_prefix(self._queue, budget)[0][0])]

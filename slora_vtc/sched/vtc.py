@@ -11,6 +11,20 @@ from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler, arrival_key, recomputed_tokens, requeue
 from slora_vtc.sched.predict import LengthPredictor
 
+EXACT_BELOW = 2.0**52  # integers up to here, and sums of two, are exact in a float
+
+
+def _exact(counter: float, added: int) -> bool:
+    return counter.is_integer() and abs(counter) + added < EXACT_BELOW
+
+
+def _overtakes(other: tuple, best: tuple) -> int:
+    """The first step s at which `other` (growing slower) comes before `best`: a smaller counter,
+    or an equal one and an earlier registration. Both are (counter, order, rate per step, _)."""
+    gap, closing = other[0] - best[0], best[2] - other[2]
+    s = gap // closing
+    return s if gap % closing == 0 and other[1] < best[1] else s + 1
+
 
 class Lift(str, Enum):
     """What happens to a client's counter when its waiting queue goes from empty to non-empty."""
@@ -175,6 +189,56 @@ class VTC(Scheduler):
     def on_decode_step(self, running: list[Request], now: float) -> None:
         for req in running:
             self._charge(req.client, self._token_charge(req))
+
+    def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
+        rates = self._steady_rates(running, steps)
+        if rates is None:
+            return False
+        for name, rate in rates.items():
+            self._clients[name].counter += rate * steps
+        for req in running:
+            self._predicted[req.rid].charged = req.generated + steps
+        return True
+
+    def _steady_rates(self, running: list[Request], steps: int) -> dict[str, int] | None:
+        """Per client, what each of the next `steps` decode steps of `running` charges it, where
+        that is the same every step and whole numbers, so that one product equals the per-step
+        sums exactly (float sums of integers below 2**53 do not round); None otherwise."""
+        cost = self.cost
+        if type(self).on_decode_step is not VTC.on_decode_step or type(cost) is not LinearCost:
+            return None
+        if not (float(cost.w_p).is_integer() and float(cost.w_q).is_integer() and cost.w_q >= 0):
+            return None
+        rates: dict[str, int] = {}
+        for req in running:
+            record, client = self._predicted[req.rid], self._clients[req.client]
+            if record.predicted >= req.generated + steps:  # every one of these tokens was charged up front
+                charge = 0
+            elif record.predicted <= req.generated and float(record.input).is_integer() and client.weight == 1.0:
+                charge = int(cost.w_q)  # h(x, n) - h(x, n - 1), exactly
+            else:
+                return None
+            rates[req.client] = rates.get(req.client, 0) + charge
+        if any(not _exact(self._clients[name].counter, rate * steps) for name, rate in rates.items()):
+            return None
+        return rates
+
+    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+        """The waiting client with the smallest counter after s steps, its counter growing by its
+        running requests' charges: the first client stays first until one that grows slower
+        overtakes it (integer counters, so the crossing steps are exact)."""
+        rates = self._steady_rates(running, steps) if type(self).select is VTC.select else None
+        if rates is None:
+            return None
+        waiting = [(int(c.counter), c.order, rates.get(name, 0), c) for name, c in self._clients.items() if c.queue]
+        if not waiting or any(not _exact(c.counter, rate * steps) for _, _, rate, c in waiting):
+            return None
+        heads, s = [], 0
+        while s < steps:
+            best = min(waiting, key=lambda w: (w[0] + w[2] * s, w[1]))
+            heads.append((s, best[3].queue[0]))
+            s = min([_overtakes(w, best) for w in waiting if w[2] < best[2]], default=steps)
+        return heads
 
     def _token_charge(self, req: Request) -> float:
         record, n = self._predicted[req.rid], req.generated + 1
