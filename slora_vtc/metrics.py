@@ -162,3 +162,44 @@ def cache_hit_rate(result: RunResult) -> float:
     prefilled = result.array("prompt_len")[served].sum() + added * served.sum() + result.array("recomputed")[served].sum()
     cached = result.array("cached_tokens")[served].sum()
     return float(cached / prefilled) if prefilled else 0.0
+
+
+# -- a cluster (result files with a replica field) ----------------------------------------
+def replica_result(result: RunResult, replica: int) -> RunResult:
+    """The responses one replica of a cluster run served, as a result of their own."""
+    return RunResult(result.config, result.total_time, tuple(r for r in result.responses if r.replica == replica))
+
+
+def replica_count(result: RunResult) -> int:
+    return int(result.config.get("replicas", 1))
+
+
+def service_by_client(result: RunResult, cost: CostFunction = LinearCost()) -> dict[str, float]:
+    """Total service of each client's finished requests (over every replica)."""
+    service = cost(result.array("prompt_len"), result.array("output_len"))
+    return {c: float(service[m].sum()) for c, m in _by_client(result, _served(result)).items()}
+
+
+def tokens_by_replica(result: RunResult) -> list[int]:
+    """Prompt + output tokens of the finished requests each replica served."""
+    served = _served(result)
+    tokens = result.array("prompt_len") + result.array("output_len")
+    where = np.array([-1 if r.replica is None else r.replica for r in result.responses])
+    return [int(tokens[served & (where == i)].sum()) for i in range(replica_count(result))]
+
+
+def load_imbalance(result: RunResult) -> float:
+    """Max over mean of the tokens served per replica: 1 when even, N when one replica did it all."""
+    tokens = tokens_by_replica(result)
+    mean = sum(tokens) / len(tokens)
+    return max(tokens) / mean if mean else float("nan")
+
+
+def cache_hit_rate_by_replica(result: RunResult) -> list[float]:
+    """Each replica's prefix-cache hit rate (cache_hit_rate of what it served)."""
+    return [cache_hit_rate(replica_result(result, i)) for i in range(replica_count(result))]
+
+
+def latency_by_client(result: RunResult) -> dict[str, float]:
+    """Mean time to first token of each client's finished requests."""
+    return {c: mean_response_time(result, c) for c in result.clients}

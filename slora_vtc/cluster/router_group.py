@@ -4,7 +4,7 @@ depends on which router its requests came through (Dynamo's DEP #15187: two fron
 ingress, a 4:1 policy served about 1:1).
 
 Ingress: a request goes to its client's home router (client index mod K) with probability
-`skew`, to the routers in turn otherwise. Dispatch: a replica with room asks the routers in
+`skew`, to a router drawn at random otherwise. Dispatch: a replica with room asks the routers in
 turn, starting after the last one that dispatched. A router dispatches its least-counter client
 unless a client waiting at another router had, in its view, a smaller counter; when every
 router with work declines, the first asked dispatches (no router holds work back from an idle
@@ -61,19 +61,18 @@ def set_counter(vtc: VTC, client: str, value: float) -> None:
 
 
 class Ingress:
-    """Which router a request enters by: its client's home router with probability `skew`."""
+    """Which router a request enters by: its client's home router with probability `skew`, else
+    one drawn at random (seeded; not in turn, which interleaved clients would turn into a skew)."""
 
     def __init__(self, routers: int, clients: tuple[str, ...], skew: float, seed: int):
         self.routers, self.skew = routers, skew
         self._index = {c: i for i, c in enumerate(clients)}
         self._rng = np.random.default_rng(seed)
-        self._turn = 0
 
     def __call__(self, req: Request) -> int:
         if self.skew > 0 and self._rng.random() < self.skew:
             return self._index.setdefault(req.client, len(self._index)) % self.routers
-        self._turn = (self._turn + 1) % self.routers
-        return (self._turn - 1) % self.routers
+        return int(self._rng.integers(self.routers))
 
 
 class RouterGroup(Scheduler):

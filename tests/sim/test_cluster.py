@@ -1,0 +1,220 @@
+"""A cluster of simulated engines behind routers: nothing lost, pools free, service adds up, one
+replica is one engine, and global VTC's fairness bound across replicas.
+
+The bound (global-vtc, conservative admission, linear cost w_p = 1 <= w_q = 2): let f and g be
+backlogged (both always have requests waiting at the router) and consider f's counter c_f at any
+moment, and s the last admission of f before it. At s the shared VTC picked f as the least
+counter: c_f(s) <= c_g(s). Since s, c_f grew by that admission's prompt plus w_q per token that
+f's requests running at s still generate; on replica r these all fit in its reservation, so the
+growth is at most w_q * M_r summed over the replicas (M_r: pool tokens), and c_g did not fall.
+Hence |c_f - c_g| <= w_q * sum_r M_r at every step, and over any interval the difference in
+service received is at most 2 * w_q * sum_r M_r: the paper's single-engine bound with the pool
+replaced by the cluster's total pool. Service is measured from the requests themselves as VTC
+defines it: the prompt at admission, w_q per output token after the first (section 4: the
+prefill's token is free; counting it would add w_q per request, which the bound does not cover).
+"""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slora_vtc.backends.sim import sim_backend
+from slora_vtc.cli import main
+from slora_vtc.cluster import RouterOptions, build_router
+from slora_vtc.cluster.serve import build_cluster
+from slora_vtc.config import EngineConfig
+from slora_vtc.experiment import Experiment, run_cluster_experiment, run_experiment
+from slora_vtc.metrics import load_imbalance, service_by_client, tokens_by_replica
+from slora_vtc.request import Request, State
+from slora_vtc.sched import build_scheduler
+
+W_Q = 2
+
+
+def cluster(router: str, scheduler: str, pools: list[int], clients=("a", "b"), **options):
+    r = build_router(router, RouterOptions(tuple(clients), **options))
+    return build_cluster(r, [EngineConfig(pool_tokens=p) for p in pools], [sim_backend() for _ in pools],
+                         lambda: build_scheduler(scheduler, list(clients)))
+
+
+def service(requests, client) -> float:
+    """Service as VTC charges it: prompt at admission, w_q per output token after the first."""
+    return sum(r.prompt_len + W_Q * (r.generated - 1) for r in requests if r.client == client and r.generated)
+
+
+def backlogged_differences(c, requests) -> list[float]:
+    """Service difference a - b after every step while both clients have requests waiting (at
+    the router, or at the replicas of a push router)."""
+    diffs = []
+    views = [c.engines[0]] if c.router.pulls else c.engines
+
+    def on_step(_):
+        waiting = Counter()
+        for e in views:
+            waiting.update(e.scheduler.waiting_by_client())
+        if waiting["a"] and waiting["b"]:
+            diffs.append(service(requests, "a") - service(requests, "b"))
+
+    c.run(requests, on_step=on_step)
+    return diffs
+
+
+# -- nothing lost ---------------------------------------------------------------------------
+@pytest.mark.parametrize("router, scheduler", [
+    ("round-robin", "vtc"), ("least-load", "fcfs"), ("prefix-affinity", "lpm"), ("d2lpm:3000", "dlpm:2000"), ("global-vtc", "vtc"),
+])
+def test_every_request_ends_once_and_pools_are_free(router, scheduler):
+    exp = Experiment(suite="prefix_chat", scheduler=scheduler, replicas=3, router=router, prefix_cache=True, duration=40,
+                     replica_pool_tokens=(10_000, 20_000), horizon=60)
+    workload = exp.workload()
+    requests = exp.requests(workload)
+    c = build_cluster(build_router(router, exp.router_options(workload)), exp.replica_configs(), [sim_backend() for _ in range(3)],
+                      lambda: build_scheduler(scheduler, list(workload.clients), exp.scheduler_options()))
+    ended = Counter()
+    for e in c.engines:
+        inner = e.on_end
+        e.on_end = lambda req, inner=inner: (ended.update([req.rid]), inner(req))
+    c.run(requests, until=exp.horizon)
+    assert all(r.state in (State.FINISHED, State.REJECTED, State.ABORTED) for r in requests)
+    assert sorted(ended) == sorted(r.rid for r in requests) and set(ended.values()) == {1}
+    assert sum(r.state is State.FINISHED for r in requests) > len(requests) / 2
+    c.flush()
+    for e in c.engines:
+        assert e.memory.pool.num_free == e.config.pool_tokens and not e.running
+
+
+def test_push_routers_use_every_replica_and_record_it():
+    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=4, router="least-load", duration=60))
+    assert {r.replica for r in result.responses} == {0, 1, 2, 3}
+    assert sum(tokens_by_replica(result)) == sum(r.prompt_len + r.output_len for r in result.responses if r.status == "finished")
+    assert 1 <= load_imbalance(result) < 1.2
+
+
+# -- service adds up across replicas ----------------------------------------------------------
+def test_global_counters_are_the_service_summed_over_replicas():
+    """lcf (no lift): the shared counter of a client is exactly what its requests received on
+    every replica, which each replica's part of the requests gives independently."""
+    requests = [Request(c, 50 + 7 * i % 90, 20 + 13 * i % 70, 0.05 * i, adapter=c) for i in range(300) for c in "abc"]
+    c = cluster("global-vtc", "lcf", [3000, 5000, 4000], clients="abc")
+    c.run(requests)
+    counters = c.engines[0].scheduler.counters()
+    for client in "abc":
+        per_replica = [service([r for r in requests if c.replica_of[r.rid] == i], client) for i in range(3)]
+        assert all(p > 0 for p in per_replica)
+        assert counters[client] == pytest.approx(sum(per_replica))
+
+
+def test_cluster_result_service_is_the_sum_of_the_replicas():
+    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=3, router="round-robin", duration=60))
+    total = service_by_client(result)
+    by_hand = Counter()
+    for r in result.responses:
+        if r.status == "finished":
+            by_hand[r.client] += r.prompt_len + 2 * r.output_len
+    assert total == pytest.approx(dict(by_hand))
+
+
+# -- one replica is one engine ----------------------------------------------------------------
+@pytest.mark.parametrize("suite, scheduler, extra", [
+    ("overload", "vtc", {}), ("overload", "fcfs", {"horizon": 100.0}), ("dist_shift", "lcf", {"duration": 120}),
+    ("prefix_tot", "dlpm:2000", {"prefix_cache": True, "duration": 40}), ("overload", "vtc", {"admission": "optimistic", "duration": 60}),
+])
+def test_one_replica_equals_a_plain_run(suite, scheduler, extra):
+    exp = Experiment(suite=suite, scheduler=scheduler, **extra)
+    plain = run_experiment(exp)
+    clustered = run_cluster_experiment(exp)
+    horizon = extra.get("horizon", float("inf"))
+    assert [r.replica for r in clustered.responses] == [-1 if r.req_time >= horizon else 0 for r in plain.responses]  # -1: never arrived
+    assert [r.__class__(**{**r.__dict__, "replica": None}) for r in clustered.responses] == list(plain.responses)
+    assert clustered.total_time == plain.total_time
+    assert plain.to_json() == run_experiment(Experiment(suite=suite, scheduler=scheduler, replicas=1, router="least-load", **extra)).to_json()
+
+
+# -- fairness across replicas -----------------------------------------------------------------
+@st.composite
+def backlogged_workload(draw):
+    """Two clients with their own length ranges, all sent at t = 0, and 4 replica pools."""
+    pools = draw(st.lists(st.integers(600, 2000), min_size=4, max_size=4))
+    requests = []
+    for client in "ab":
+        n = draw(st.integers(20, 80))
+        p_hi, o_hi = draw(st.integers(1, 250)), draw(st.integers(1, 250))
+        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
+        requests += [Request(client, p, o, 0.0, adapter=client) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
+    return pools, draw(st.permutations(requests))
+
+
+@settings(max_examples=30, deadline=None)
+@given(backlogged_workload())
+def test_global_vtc_keeps_backlogged_clients_within_the_cluster_bound(case):
+    pools, requests = case
+    c = cluster("global-vtc", "vtc", pools)
+    diffs = backlogged_differences(c, requests)
+    assert all(r.state is State.FINISHED for r in requests)
+    bound = W_Q * sum(pools)
+    assert all(abs(d) <= bound for d in diffs)
+    assert not diffs or max(diffs) - min(diffs) <= 2 * bound
+
+
+def skewed_requests(n: int = 1600) -> list[Request]:
+    """a, b, b, b, a, b, b, b, ...: round robin over 4 replicas sends every a to replica 0."""
+    return [Request("a" if i % 4 == 0 else "b", 100, 100, 0.0, adapter="a" if i % 4 == 0 else "b") for i in range(n)]
+
+
+def test_round_robin_with_per_replica_vtc_breaks_the_bound_on_a_skewed_ingress():
+    pools = [2000] * 4
+    requests = skewed_requests()
+    diffs = backlogged_differences(cluster("round-robin", "vtc", pools), requests)
+    assert max(abs(d) for d in diffs) > 2 * W_Q * sum(pools)
+
+
+def test_global_vtc_stays_inside_it_on_the_same_ingress():
+    pools = [2000] * 4
+    requests = skewed_requests()
+    diffs = backlogged_differences(cluster("global-vtc", "vtc", pools), requests)
+    assert diffs and max(abs(d) for d in diffs) <= W_Q * sum(pools)
+
+
+# -- routers with their own counters ----------------------------------------------------------
+def weighted_shares(routers: int, sync: float | None, skew: float = 1.0) -> float:
+    """a : b service ratio under wvtc:4,1 with both backlogged, by 120 s, on 2 replicas."""
+    requests = [Request(c, 256, 256, 0.01 * i, adapter=c) for i in range(3000) for c in "ab"]
+    c = cluster("global-vtc", "wvtc:4,1", [10_000, 10_000], routers=routers, sync_s=sync, ingress_skew=skew)
+    c.run(requests, until=120.0)
+    got = {x: sum(r.prompt_len + W_Q * r.generated for r in requests if r.client == x and r.state is State.FINISHED) for x in "ab"}
+    return got["a"] / got["b"]
+
+
+def test_one_router_serves_the_weights():
+    assert 3.3 < weighted_shares(1, None) < 4.7
+
+
+def test_unsynchronised_routers_with_a_skewed_ingress_serve_one_to_one():
+    assert 0.9 < weighted_shares(2, None) < 1.1
+
+
+@pytest.mark.parametrize("sync", [0.0, 1.0])
+def test_synchronised_routers_serve_the_weights_again(sync):
+    assert 3.3 < weighted_shares(2, sync) < 4.7
+
+
+def test_unsynchronised_routers_without_skew_see_every_client():
+    assert 3.3 < weighted_shares(2, None, skew=0.0) < 4.7
+
+
+# -- bad input --------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "0"], "--replicas must be at least 1"),
+    (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
+    (["--replicas", "2", "--router", "d2lpm"], "needs an argument"),
+    (["--replicas", "2", "--router", "prefix-affinity:0"], "must be positive"),
+    (["--replicas", "2", "--routers", "2"], "only global-vtc"),
+    (["--replicas", "2", "--ingress-skew", "2"], "--ingress-skew must be in [0, 1]"),
+    (["--replicas", "2", "--backend", "torch"], "simulator only"),
+])
+def test_bad_cluster_input_is_one_line_and_status_2(capsys, argv, message):
+    code = main(["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
