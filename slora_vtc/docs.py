@@ -28,6 +28,7 @@ SOURCES = {
     "fig": "figures/numbers.json",  # slora-vtc figures
     "bench": "benchmarks/results/cpu.json",  # benchmarks/run.py
     "decode": "benchmarks/results/cpu_decode.json",  # benchmarks/cpu_decode.py
+    "cluster": "benchmarks/results/cluster_scale.json",  # benchmarks/cluster_scale.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
