@@ -16,9 +16,24 @@ from slora_vtc.errors import UserError
 
 
 def cmd_sweep(args) -> int:
-    from slora_vtc.sweep.grid import load_grid  # here, as every command's imports: the CLI starts faster
-    from slora_vtc.sweep.runners import ray_installed, ray_session, run_local, run_on_ray
-    from slora_vtc.sweep.table import SweepTable
+    from slora_vtc.sweep.table import SweepTable  # here, as every command's imports: the CLI starts faster
+
+    use_ray = _use_ray(args)
+    cells = _checked_cells(Path(args.grid))
+    out = Path(args.out) if args.out else Path("results") / f"{Path(args.grid).stem}.parquet"
+    table = SweepTable(out)
+    todo = [c for c in cells if c.id not in table.finished()]
+    failed = _run(todo, args, use_ray, table, f"{len(cells)} cells: {len(cells) - len(todo)} already in {out}, {len(todo)} to run")
+    labels = {c.id: c.label for c in cells}
+    for row in failed:
+        print(f"failed: {labels[row['cell']]}: {row['error']}", file=sys.stderr)
+    print(f"wrote {out} ({len(todo) - len(failed)} ok, {len(failed)} failed, {len(cells) - len(todo)} skipped)")
+    return 1 if failed else 0
+
+
+def _use_ray(args) -> bool:
+    """Whether the cells run on Ray; the flags checked against each other and against Ray being installed."""
+    from slora_vtc.sweep.runners import ray_installed
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
@@ -27,24 +42,34 @@ def cmd_sweep(args) -> int:
     use_ray = not args.local and ray_installed()
     if not use_ray and args.address:
         raise UserError("--address needs Ray, which is not installed: pip install -r requirements-ray.txt")
-    cells = load_grid(Path(args.grid))
+    return use_ray
+
+
+def _checked_cells(grid: Path) -> list:
+    """The grid's cells, every one checked as `run` checks its flags, before any runs."""
+    from slora_vtc.sweep.grid import load_grid
+
+    cells = load_grid(grid)
     for cell in cells:
-        _check_cell(cell)
-    out = Path(args.out) if args.out else Path("results") / f"{Path(args.grid).stem}.parquet"
-    table = SweepTable(out)
-    todo = [c for c in cells if c.id not in table.finished()]
+        try:
+            check(cell.experiment())
+        except UserError as e:
+            raise UserError(f"cell {cell.label}: {e}") from None
+    return cells
+
+
+def _run(todo: list, args, use_ray: bool, table, plan: str) -> list[dict]:
+    """Run the cells (on Ray once it answers, or here) into the table; the failed rows."""
+    from slora_vtc.sweep.runners import ray_session, run_local, run_on_ray
+
     if todo and not args.local and not use_ray:
         print("ray is not installed (pip install -r requirements-ray.txt): running the grid locally", file=sys.stderr)
-    with ray_session(args.address, args.jobs) if use_ray and todo else nullcontext():
-        print(f"{len(cells)} cells: {len(cells) - len(todo)} already in {out}, {len(todo)} to run", file=sys.stderr)
+    address = args.address or os.environ.get("RAY_ADDRESS") or None  # Ray's own convention
+    with ray_session(address, args.jobs) if use_ray and todo else nullcontext():
+        print(plan, file=sys.stderr)
         plugins = _plugins(args.plugin)
         rows = run_on_ray(todo, args.jobs, plugins) if use_ray else run_local(todo, args.jobs or 1, plugins)
-        failed = _collect(rows, len(todo), table)
-    labels = {c.id: c.label for c in cells}
-    for row in failed:
-        print(f"failed: {labels[row['cell']]}: {row['error']}", file=sys.stderr)
-    print(f"wrote {out} ({len(todo) - len(failed)} ok, {len(failed)} failed, {len(cells) - len(todo)} skipped)")
-    return 1 if failed else 0
+        return _collect(rows, len(todo), table)
 
 
 def _collect(rows, total: int, table) -> list[dict]:
@@ -62,13 +87,6 @@ def _collect(rows, total: int, table) -> list[dict]:
             bar.set_postfix(failed=len(failed), refresh=False)
             bar.update()
     return failed
-
-
-def _check_cell(cell) -> None:
-    try:
-        check(cell.experiment())
-    except UserError as e:
-        raise UserError(f"cell {cell.label}: {e}") from None
 
 
 def _plugins(given: list[str]) -> tuple[str, ...]:
@@ -105,7 +123,7 @@ def add_parsers(sub) -> None:
                            description=__doc__.split("\n\n")[1].replace("\n", " "))
     sweep.add_argument("grid", help="grid file: [grid] maps settings (suite, scheduler, seed, duration, ...) to lists; [fixed] sets shared ones")
     sweep.add_argument("--out", help="the table (default: results/GRID.parquet); a rerun skips the cells it has as ok")
-    sweep.add_argument("--address", help="a Ray cluster (HOST:PORT, ray://HOST:PORT or auto; default: a local Ray)")
+    sweep.add_argument("--address", help="a Ray cluster: HOST:PORT, ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray)")
     sweep.add_argument("--local", action="store_true", help="run here without Ray (also what happens when Ray is not installed)")
     sweep.add_argument("--jobs", type=int, help="runs at once (default: every core for a local Ray, 1 with --local)")
     sweep.set_defaults(func=cmd_sweep)

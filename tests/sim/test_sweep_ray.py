@@ -37,8 +37,8 @@ register_scheduler("breaks", Entry(lambda arg, clients, opts: Breaks(), "raises 
 """
 
 
-def cli(*argv) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MPLBACKEND": "Agg"}
+def cli(*argv, **env_vars) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "MPLBACKEND": "Agg", **env_vars}  # a local Ray unless told
     return subprocess.run([sys.executable, "-m", "slora_vtc", *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -102,5 +102,7 @@ def test_an_address_where_no_ray_answers_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["slora-vtc: error: Ray at '127.0.0.1:1' does not answer (Connection refused)"]
     assert not (tmp_path / "t.parquet").exists()
+    from_env = cli("sweep", grid, "--out", tmp_path / "t.parquet", RAY_ADDRESS="127.0.0.1:1")  # Ray's convention: $RAY_ADDRESS
+    assert from_env.returncode == 2 and "Ray at '127.0.0.1:1' does not answer" in from_env.stderr
     bad = cli("sweep", grid, "--address", "nowhere")
     assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr and bad.stderr.count("\n") == 1
