@@ -69,7 +69,8 @@ def settings_columns(cell: Cell) -> dict:
 
 def summary(result: RunResult) -> dict:
     """The run's summary metrics: throughput, the service difference over time, the paper's fairness
-    table, per-client service rates over the arrivals, the request counts and the cache's hit rate."""
+    table, per-client service rates over the arrivals, the request counts, the cache's hit rate and
+    the load imbalance over replicas (1 for one engine)."""
     config = result.config
     duration = float(config["duration"])
     cost = cost_function(config.get("cost", "linear"), config.get("profile"))
@@ -84,4 +85,5 @@ def summary(result: RunResult) -> dict:
         "ttft_mean": metrics.mean_response_time(result), "service_rates": json.dumps(rates),
         "requests": len(result.responses), **counts, "cache_hit_rate": metrics.cache_hit_rate(result),
         "preemptions": int(sum(r.preemptions for r in result.responses)), "total_time": result.total_time,
+        "load_imbalance": metrics.load_imbalance(result) if metrics.replica_count(result) > 1 else 1.0,
     }

@@ -84,7 +84,7 @@ def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, c
         assert row.throughput == pytest.approx(row.finished * (256 + 256) / row.total_time)
         assert set(json.loads(row.service_rates)) == {"client0", "client1"}
         assert json.loads(row.settings)["seed"] == row.seed and len(row.git_rev) in (40, len("unknown"))
-        assert row.wall_s > 0 and row.cache_hit_rate == 0 and row.preemptions == 0
+        assert row.wall_s > 0 and row.cache_hit_rate == 0 and row.preemptions == 0 and row.load_imbalance == 1.0
 
 
 def test_a_rerun_skips_every_finished_cell(tmp_path, capsys, counted_runs):
@@ -258,5 +258,7 @@ def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path
     assert code == 0 and "2 ok" in stdout
     table = pd.read_parquet(out)
     assert list(table["router"]) == ["round-robin", "least-load"] and (table["finished"] == REQUESTS_IN_20_S).all()
+    # round robin deals overload's identical requests out in turn: 45 each, the same tokens on both
+    assert table["load_imbalance"].iloc[0] == 1.0 and table["load_imbalance"].iloc[1] >= 1.0
     code, _, stderr = sweep(capsys, write(tmp_path, text.replace('"least-load"', '"nope"')), "--local", "--out", out)
     assert code == 2 and "cell replicas=2 router=nope: unknown router 'nope'" in stderr and stderr.count("\n") == 1
