@@ -61,10 +61,12 @@ def measure(replicas: int, requests: int, clients: int, router: str, scheduler: 
     result = RunResult.of({"replicas": replicas}, reqs, cluster.now, cluster.replica_of)
     tokens_s, imbalance = throughput(result), load_imbalance(result)
     wall = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "replicas": replicas, "clients": clients, "requests": requests, "router": router, "scheduler": scheduler,
         "finished": result.count("finished"), "simulated_s": cluster.now, "wall_s": wall, "build_s": built - start,
-        "simulate_s": simulated - built, "requests_per_s": requests / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "simulate_s": simulated - built, "requests_per_s": requests / wall, "peak_rss_mb": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,  # less than wall_s when other processes share the cores
         "tokens_per_s_simulated": tokens_s, "load_imbalance": imbalance,
     }
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
         rows = [in_subprocess(n, per * n, args.clients, args.router, args.scheduler) for n in SIZES]
         key = "sweep"
     for row in rows:
-        print(f"{row['replicas']:3d} replicas {row['requests']:>9,} requests {row['clients']:>6,} clients: {row['wall_s']:7.1f} s wall "
+        print(f"{row['replicas']:3d} replicas {row['requests']:>9,} requests {row['clients']:>6,} clients: {row['wall_s']:7.1f} s wall, {row['cpu_s']:7.1f} s CPU "
               f"({row['simulate_s']:.1f} simulating), {row['requests_per_s']:7,.0f} req/s, peak {row['peak_rss_mb']:6,.0f} MB, "
               f"{row['simulated_s']:,.0f} s simulated, imbalance {row['load_imbalance']:.3f}, {row['finished']:,} finished")
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -26,7 +26,7 @@ from slora_vtc.cluster import RouterOptions, build_router
 from slora_vtc.cluster.serve import build_cluster
 from slora_vtc.config import EngineConfig
 from slora_vtc.experiment import Experiment, run_cluster_experiment, run_experiment
-from slora_vtc.metrics import load_imbalance, service_by_client, tokens_by_replica
+from slora_vtc.metrics import cache_hit_rate, cache_hit_rate_by_replica, load_imbalance, service_by_client, tokens_by_replica
 from slora_vtc.request import Request, State
 from slora_vtc.sched import build_scheduler
 
@@ -62,12 +62,13 @@ def backlogged_differences(c, requests) -> list[float]:
 
 
 # -- nothing lost ---------------------------------------------------------------------------
-@pytest.mark.parametrize("router, scheduler", [
-    ("round-robin", "vtc"), ("least-load", "fcfs"), ("prefix-affinity", "lpm"), ("d2lpm:3000", "dlpm:2000"), ("global-vtc", "vtc"),
+@pytest.mark.parametrize("router, scheduler, admission", [
+    ("round-robin", "vtc", "conservative"), ("least-load", "fcfs", "optimistic"), ("prefix-affinity", "lpm", "conservative"),
+    ("d2lpm:3000", "dlpm:2000", "conservative"), ("global-vtc", "vtc", "conservative"), ("global-vtc", "vtc", "optimistic"),
 ])
-def test_every_request_ends_once_and_pools_are_free(router, scheduler):
+def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission):
     exp = Experiment(suite="prefix_chat", scheduler=scheduler, replicas=3, router=router, prefix_cache=True, duration=40,
-                     replica_pool_tokens=(10_000, 20_000), horizon=60)
+                     replica_pool_tokens=(6_000, 12_000), horizon=60, admission=admission)
     workload = exp.workload()
     requests = exp.requests(workload)
     c = build_cluster(build_router(router, exp.router_options(workload)), exp.replica_configs(), [sim_backend() for _ in range(3)],
@@ -90,6 +91,30 @@ def test_push_routers_use_every_replica_and_record_it():
     assert {r.replica for r in result.responses} == {0, 1, 2, 3}
     assert sum(tokens_by_replica(result)) == sum(r.prompt_len + r.output_len for r in result.responses if r.status == "finished")
     assert 1 <= load_imbalance(result) < 1.2
+
+
+def test_prefix_affinity_keeps_the_caches_warmer_than_round_robin():
+    def hits(router):
+        result = run_experiment(Experiment(suite="prefix_chat", scheduler="vtc", replicas=4, router=router, prefix_cache=True, duration=60))
+        per_replica = cache_hit_rate_by_replica(result)
+        served = [r for r in result.responses if r.status == "finished"]
+        cached = sum(r.cached_tokens for r in served)
+        prefilled = sum(r.prompt_len + 1 + r.recomputed for r in served)  # + the BOS the serving path adds
+        return per_replica, cached / prefilled, cache_hit_rate(result)
+
+    affinity, overall, metric = hits("prefix-affinity")
+    assert metric == pytest.approx(overall) and len(affinity) == 4
+    spread, spread_overall, _ = hits("round-robin")
+    assert overall > spread_overall + 0.1
+    assert min(affinity) > 0 and min(spread) >= 0
+
+
+def test_replicas_may_differ_in_testbed():
+    """a10g-2023 adds more overhead per forward pass than a10g-2024: under least load its replica serves less."""
+    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=2, router="least-load", duration=120,
+                                       replica_testbeds=("a10g-2024", "a10g-2023")))
+    fast, slow = tokens_by_replica(result)
+    assert slow < fast
 
 
 # -- service adds up across replicas ----------------------------------------------------------
