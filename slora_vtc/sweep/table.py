@@ -9,7 +9,8 @@ from slora_vtc.sweep.cell import OK
 
 
 class SweepTable:
-    """The rows of one table file (read when it exists); `add` replaces a cell's earlier row."""
+    """The rows of one table file (read when it exists); `add` replaces a cell's earlier row.
+    One sweep writes a table at a time: two at once would each rename their own rows over the file."""
 
     def __init__(self, path: Path):
         import pandas as pd  # here: the CLI starts faster

@@ -262,3 +262,14 @@ def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path
     assert table["load_imbalance"].iloc[0] == 1.0 and table["load_imbalance"].iloc[1] >= 1.0
     code, _, stderr = sweep(capsys, write(tmp_path, text.replace('"least-load"', '"nope"')), "--local", "--out", out)
     assert code == 2 and "cell replicas=2 router=nope: unknown router 'nope'" in stderr and stderr.count("\n") == 1
+
+
+def test_the_example_grid_checks(capsys):
+    from conftest import REPO
+
+    from slora_vtc.cli.experiments import check
+
+    cells = load_grid(REPO / "examples" / "sweep.toml")
+    assert len(cells) == 3 * 2 * 2  # what its first line says
+    for cell in cells:
+        check(cell.experiment())
