@@ -264,7 +264,7 @@ def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path
     assert code == 2 and "cell replicas=2 router=nope: unknown router 'nope'" in stderr and stderr.count("\n") == 1
 
 
-def test_the_example_grid_checks(capsys):
+def test_the_example_grid_checks():
     from conftest import REPO
 
     from slora_vtc.cli.experiments import check
