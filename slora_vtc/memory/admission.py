@@ -100,9 +100,11 @@ class Budget:
         running batch only decoded s more steps (each running request holding s tokens more and
         generating s fewer; no arrival, finish, admission or eviction); None if after none.
 
-        try_add's check, evaluated for every s at once: sorted by tokens to generate, running entry
-        i keeps t_i * (i + 1) + H_i ahead of the candidate and becomes t_i * (i + 2) + H_i + held - s
-        behind it (H: the running entries' cumulative held tokens before the steps)."""
+        try_add's check for every s at once. Sorted by tokens to generate, running entry i counts
+        t_i * (i + 1) + H_i while ahead of the candidate and t_i * (i + 2) + H_i + held - s behind it
+        (t, H: to generate and cumulative held before the steps); the candidate, p entries ahead,
+        counts to_generate * (p + 1) + H_(p-1) + s * p + held. p only falls as s grows, and while it
+        stays, the s that fit are an interval found in integers."""
         if self._count + 1 > self.config.max_running or not steps:
             return None
         extend = req.prefill_len - self.cached_len(req)
@@ -115,11 +117,20 @@ class Budget:
         t, cum = [-n for n in self._neg_to_generate], list(accumulate(self._held))
         ahead = list(accumulate((ti * (i + 1) + ci for i, (ti, ci) in enumerate(zip(t, cum))), max, initial=-1))
         behind = list(accumulate((ti * (i + 2) + ci + held for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max, initial=-1))[::-1]
-        for s in steps:
-            pos = bisect_right(self._neg_to_generate, -(to_generate + s))  # running entries still at least as long
-            need = max(ahead[pos], to_generate * (pos + 1) + (cum[pos - 1] if pos else 0) + s * pos + held, behind[pos] - s)
-            if need < limit:
-                return s
+        s = steps.start
+        while s < steps.stop:
+            p = bisect_right(self._neg_to_generate, -(to_generate + s))  # running entries ahead of the candidate
+            stop = steps.stop if p == 0 else min(steps.stop, t[p - 1] - to_generate + 1)  # p holds for s in [s, stop)
+            if ahead[p] < limit:
+                first = max(s, behind[p] - limit + 1)
+                mine = to_generate * (p + 1) + (cum[p - 1] if p else 0) + held  # + s * p
+                if p:
+                    last = min(stop - 1, (limit - mine - 1) // p)  # mine + s * p < limit
+                else:
+                    last = stop - 1 if mine < limit else first - 1
+                if first <= last:
+                    return first
+            s = stop
         return None
 
     def _newly_locked(self, req: Request, seen: dict[int, int]) -> int:

@@ -1,7 +1,7 @@
 """Virtual Token Counter (paper section 4) and its variants: LCF, weighted, length prediction."""
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from enum import Enum
 
@@ -209,19 +209,20 @@ class VTC(Scheduler):
             return None
         if not (float(cost.w_p).is_integer() and float(cost.w_q).is_integer() and cost.w_q >= 0):
             return None
-        rates: dict[str, int] = {}
-        for req in running:
-            record, client = self._predicted[req.rid], self._clients[req.client]
-            if record.predicted >= req.generated + steps:  # every one of these tokens was charged up front
-                charge = 0
-            elif record.predicted <= req.generated and float(record.input).is_integer() and client.weight == 1.0:
-                charge = int(cost.w_q)  # h(x, n) - h(x, n - 1), exactly
-            else:
-                return None
-            rates[req.client] = rates.get(req.client, 0) + charge
-        if any(not _exact(self._clients[name].counter, rate * steps) for name, rate in rates.items()):
-            return None
-        return rates
+        if self.predictor is None and not self.weights and self.charge_cached in (0, 1):  # every token w_q, whole inputs
+            rates = {name: n * int(cost.w_q) for name, n in Counter(req.client for req in running).items()}
+        else:
+            rates = {}
+            for req in running:
+                record, client = self._predicted[req.rid], self._clients[req.client]
+                if record.predicted >= req.generated + steps:  # every one of these tokens was charged up front
+                    charge = 0
+                elif record.predicted <= req.generated and float(record.input).is_integer() and client.weight == 1.0:
+                    charge = int(cost.w_q)  # h(x, n) - h(x, n - 1), exactly
+                else:
+                    return None
+                rates[req.client] = rates.get(req.client, 0) + charge
+        return rates if all(_exact(self._clients[name].counter, rate * steps) for name, rate in rates.items()) else None
 
     def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
         """The waiting client with the smallest counter after s steps, its counter growing by its

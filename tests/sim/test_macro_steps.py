@@ -10,7 +10,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sched_util import FakeBudget
 
@@ -185,10 +185,7 @@ def decoded(req: Request, steps: int) -> Request:
     return twin
 
 
-@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 600), st.integers(0, 599)), min_size=0, max_size=25),
-       st.integers(1, 800), st.integers(1, 800), st.integers(1, 80), st.integers(2_000, 30_000), st.booleans(), st.floats(0, 1))
-@settings(max_examples=300, deadline=None)
-def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt, output, steps, pool, optimistic, used):
+def check_first_fit(shapes, prompt, output, steps, pool, optimistic, used):
     """Brute force: after s steps, a fresh budget over the decoded batch, and try_add."""
     config = EngineConfig(pool_tokens=pool, admission="optimistic" if optimistic else "conservative")
     running = [Request("r", p, o, 0.0, rid=i, generated=min(g, o - 1)) for i, (p, o, g) in enumerate(shapes)]
@@ -207,6 +204,22 @@ def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt,
     first = 1 + len(shapes) % 3
     expected = next((s for s in range(first, steps) if fits_after(s)), None)
     assert Budget(config, running, pool_with(taken)).first_fit(candidate, range(first, steps)) == expected
+
+
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 600), st.integers(0, 599)), max_size=25),
+       st.integers(1, 800), st.integers(1, 800), st.integers(1, 80), st.integers(2_000, 30_000), st.booleans(), st.floats(0, 1))
+@settings(max_examples=300, deadline=None)
+def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt, output, steps, pool, optimistic, used):
+    check_first_fit(shapes, prompt, output, steps, pool, optimistic, used)
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 20), st.integers(0, 19)), max_size=4),
+       st.integers(1, 8), st.integers(1, 20), st.integers(1, 20), st.integers(5, 120))
+@example([(5, 12, 0)], 3, 10, 12, 28)  # the candidate's own entry binds: 28 < 28 does not fit at s = 2
+@example([(5, 11, 0)], 3, 10, 11, 29)  # the running request falls behind the candidate at s = 3, and then it fits
+@settings(max_examples=2_000, deadline=None)
+def test_first_fit_on_small_batches_where_every_boundary_is_hit(shapes, prompt, output, steps, pool):
+    check_first_fit(shapes, prompt, output, steps, pool, False, 0.0)
 
 
 def test_first_fit_finds_a_fit_no_finish_brings():
