@@ -49,6 +49,7 @@ class Experiment:
     testbed: str = DEFAULT_TESTBED  # the simulator's testbed (slora_vtc.backends.sim.TESTBEDS), or a testbed file
     added_tokens: int = 1  # tokens the serving path adds to each prompt: the artifact's server prepends a BOS
     jitter_ms: float = 0.0  # each arrival comes up to this much later (uniform, seeded by `seed`): for ensembles
+    load_scale: int = 1  # every request sent this many times (a cluster of N replicas at one engine's load: N)
     backend: str = "sim"
     prefix_cache: bool = False  # share K/V of common prompt prefixes (a radix tree in the pool)
     admission: str = "conservative"  # or optimistic: admit while slots are free, preempt by recompute
@@ -146,7 +147,7 @@ class Experiment:
         return {k: v for k, v in fields.items() if k not in left_out}
 
     def workload(self) -> Workload:
-        return get_suite(self.suite).workload(self.duration, self.seed, self.trace)
+        return get_suite(self.suite).workload(self.duration, self.seed, self.trace).scaled(self.load_scale)
 
     def scheduler_options(self) -> SchedulerOptions:
         try:

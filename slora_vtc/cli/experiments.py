@@ -30,6 +30,8 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument("--pool-tokens", type=int, help="memory pool size in tokens (default: the suite's)")
     p.add_argument("--duration", type=float, help="seconds of arrivals (default: the suite's)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--load-scale", type=int, default=1,
+                   help="send every request of the workload this many times (e.g. N for a cluster of N replicas)")
     p.add_argument("--horizon", type=float, help="stop at this many seconds and abort what has not finished (default: serve every request)")
     p.add_argument("--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h")
     p.add_argument("--profile", help="cost-profile JSON to refit the simulator's forward pass (and the profiled cost) to")
@@ -120,7 +122,7 @@ def experiment(args, scheduler: str) -> Experiment:
         testbed=args.testbed, added_tokens=args.added_tokens, jitter_ms=args.jitter_ms,
         backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
         lora=tuple(args.lora), time_scale=args.time_scale, device=args.device, dtype=args.dtype,
-        horizon=args.horizon, prefix_cache=args.prefix_cache == "on", admission=args.admission, charge_cached=args.charge_cached, charge_recompute=args.charge_recompute,
+        horizon=args.horizon, load_scale=args.load_scale, prefix_cache=args.prefix_cache == "on", admission=args.admission, charge_cached=args.charge_cached, charge_recompute=args.charge_recompute,
         **cluster_fields(args),
     )
     check(exp)
@@ -154,6 +156,8 @@ def check(exp: Experiment) -> None:
     """Fail early, in one line, on input that could only fail deep inside a run."""
     get_suite(exp.suite)
     check_cluster(exp)
+    if exp.load_scale < 1:
+        raise UserError(f"--load-scale must be at least 1, got {exp.load_scale}")
     if exp.horizon is not None and not exp.horizon > 0:
         raise UserError(f"--horizon must be positive, got {exp.horizon}")
     if exp.pool_tokens is not None and exp.pool_tokens <= 0:
