@@ -93,13 +93,18 @@ class Engine:
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
         after `until`, or earlier where single steps would stop being alike.
         """
+        ahead = until is not None and self._macro and bool(self.running)
+        if ahead and (steps := self._alike_steps(attempt_now=True)):
+            self._decode_ahead(steps, until)  # the attempt due now, if any, provably admits nothing
+            return True
         new = self._admit()
         if new:
             self._prefill(new)
             return True
         if self.running:  # a decode may finish the last running request: it still was a step
-            if until is not None and self._macro:
-                self._decode_ahead(until)
+            steps = self._alike_steps(attempt_now=False) if ahead else 0
+            if steps:
+                self._decode_ahead(steps, until)
             else:
                 self._decode()
             return True
@@ -166,10 +171,13 @@ class Engine:
         self._steps_since_admission += 1
         self._retire(self.running)
 
-    def _decode_ahead(self, until: float) -> None:
-        steps = alike_steps(self.running, self.scheduler, self.memory, self.config, self._steps_since_admission)
-        if steps <= 1:
-            return self._decode()
+    def _alike_steps(self, attempt_now: bool) -> int:
+        """Decode steps from now that single steps would run alike; attempt_now: the admission
+        attempt due now (if one is) has not been made and must provably admit nothing too."""
+        first = max(0 if attempt_now else 1, self.config.max_wait_steps - self._steps_since_admission)
+        return alike_steps(self.running, self.scheduler, self.memory, self.config, first)
+
+    def _decode_ahead(self, steps: int, until: float) -> None:
         steps, end = self.backend.decode_run(self.running, steps, self.clock.now(), until)
         self.memory.extend(self.running, steps)
         self._charge_and_grow(steps)

@@ -19,15 +19,15 @@ from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
 
 
-def alike_steps(running: list[Request], scheduler: Scheduler, memory: MemoryManager, config: EngineConfig, since_admission: int) -> int:
-    """Decode steps of `running` from now that single steps would run alike (0: not even one
-    without a preemption or an eviction first); arrivals are the backend's to stop at."""
+def alike_steps(running: list[Request], scheduler: Scheduler, memory: MemoryManager, config: EngineConfig, first_attempt: int) -> int:
+    """Decode steps of `running` from now that single steps would run alike, the engine asking the
+    scheduler after `first_attempt` of them and after every one from then on (0: not one, as a
+    preemption, an eviction or an admission may come first); arrivals are the backend's to stop at."""
     steps = min(r.remaining for r in running)  # the step in which one finishes is the last
     if memory.cache is not None:  # no eviction: the tree, and so every match, stays as it is
         steps = min(steps, memory.pool.num_free // len(running))
     elif config.admission == "optimistic":  # no preemption
         steps = min(steps, memory.available // len(running))
-    first_attempt = max(1, config.max_wait_steps - since_admission)  # after this many steps the engine asks again
     if steps <= first_attempt or scheduler.num_waiting() == 0:
         return steps
     return _until_admission(running, scheduler, Budget(config, running, memory), first_attempt, steps)
