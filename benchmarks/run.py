@@ -46,12 +46,20 @@ class Settings:
 
 FULL = Settings(sim_repeats=3, repeats=7, admissions=2_000, calls=2_000, model_grid=model_vs_hf.Grid())
 QUICK = Settings(sim_repeats=1, repeats=3, admissions=300, calls=300, model_grid=model_vs_hf.QUICK)
-FULL_ONLY = ("figures", "model")  # sections --quick leaves out unless --only names them
+FULL_ONLY = ("figures", "model", "macro")  # sections --quick leaves out unless --only names them
 
 
 # -- sections -------------------------------------------------------------------------------
 def bench_sim(s: Settings) -> list[dict]:
     return sim_speed.measure_sim_speed(s.sim_repeats)
+
+
+def bench_macro(s: Settings) -> dict:
+    return sim_speed.check_macro_steps()
+
+
+def bench_cli(s: Settings) -> dict:
+    return sim_speed.measure_cli(s.repeats)
 
 
 def bench_select(s: Settings) -> list[dict]:
@@ -98,6 +106,8 @@ def bench_model(s: Settings) -> dict:
 
 SECTIONS: dict[str, Callable[[Settings], object]] = {
     "sim": bench_sim,
+    "macro": bench_macro,
+    "cli": bench_cli,
     "select": bench_select,
     "try_add": bench_try_add,
     "decode": bench_decode,
@@ -158,6 +168,14 @@ def target_checks(results: dict) -> list[dict]:
         measured = f"{fig['wall_s']:.1f} s ({fig['status']})" if "wall_s" in fig else fig["status"]
         checks.append({"target": f"slora-vtc figures < {figures_time.TARGET_S:g} s", "measured": measured,
                        "ok": ok if fig.get("status") != "not available" else None})
+    cli = results.get("cli")
+    if cli:
+        checks.append({"target": f"{cli['command']}, whole process < {cli['target_s']:g} s", "measured": f"{cli['wall_s']:.2f} s",
+                       "ok": cli["wall_s"] < cli["target_s"]})
+    macro = results.get("macro")
+    if macro:
+        checks.append({"target": "macro-steps: the result file of single steps, on every suite", "ok": macro["identical"] == macro["cases"],
+                       "measured": f"{macro['identical']} / {macro['cases']} identical"})
     return checks
 
 
@@ -188,10 +206,22 @@ def print_table(title: str, headers: list[str], rows: list[list]) -> None:
 
 
 def print_sim(rows: list[dict]) -> None:
-    print_table("Simulator speed (run_experiment, median wall time)",
-                ["suite", "scheduler", "requests", "simulated s", "wall s", "requests/s", "x real time"],
+    print_table("Simulator speed (run_experiment, median wall time; single steps: one run)",
+                ["suite", "scheduler", "requests", "simulated s", "wall s", "requests/s", "x real time", "single steps s"],
                 [[r["suite"], r["scheduler"], r["requests"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.2f}",
-                  f"{r['requests_per_s']:,.0f}", f"{r['speedup']:.0f}"] for r in rows])
+                  f"{r['requests_per_s']:,.0f}", f"{r['speedup']:.0f}", f"{r.get('single_steps_wall_s', float('nan')):.2f}"] for r in rows])
+
+
+def print_macro(check: dict) -> None:
+    print(f"\nMacro-steps vs single steps: {check['identical']} of {check['cases']} runs identical; "
+          f"{check['wall_s']:.1f} s vs {check['single_steps_wall_s']:.1f} s of simulation")
+    for r in check["rows"]:
+        if not r["identical"]:
+            print(f"  DIFFERENT: {r}")
+
+
+def print_cli(cli: dict) -> None:
+    print(f"\n{cli['command']} (whole process, median): {cli['wall_s']:.2f} s wall, {cli['cpu_s']:.2f} s CPU")
 
 
 def print_select(rows: list[dict]) -> None:
@@ -221,7 +251,7 @@ def print_model(result: dict) -> None:
 
 
 PRINTERS: dict[str, Callable] = {
-    "sim": print_sim, "select": print_select, "try_add": print_try_add, "decode": print_decode, "figures": print_figures,
+    "sim": print_sim, "macro": print_macro, "cli": print_cli, "select": print_select, "try_add": print_try_add, "decode": print_decode, "figures": print_figures,
     "model": print_model,
 }
 
