@@ -1,5 +1,5 @@
-"""Macro-steps (docs/design.md, "The engine loop"): on a simulated backend, the decode steps between
-two events are run as one, with exactly the admissions, times and charges of single steps.
+"""Macro-steps: on a simulated backend the decode steps between two events run as one, with exactly
+the admissions, times and charges of single steps (the engine loop is docs/design.md's).
 
 Single decode steps of one batch are alike until something happens: a request arrives, one
 finishes, an admission attempt admits, optimistic admission preempts, or an allocation evicts from
@@ -11,6 +11,16 @@ inside is skipped only where it provably admits nothing: the scheduler names the
 select would try first after each step (`Scheduler.heads_while_decoding`) and the budget says
 when that request would first fit (`Budget.first_fit`). Where a scheduler cannot say, the
 macro-step ends before the attempt and the attempt runs as usual.
+
+What each scheduler can say: FCFS and RPM, their queue's head (the queue does not move); LPM, the
+longest match (matches change only with the tree); VTC with the linear cost, whole-number
+charges and unit weights, the client with the smallest counter after s steps (counters of clients
+with running requests grow by a known whole number per step, so crossings are exact); weighted,
+profiled or fractional-prediction VTC and DLPM (whose select refills deficits even when it
+admits nothing) cannot, and get macro-steps only between attempts. The conservative worst case
+of the running batch alone does not change while it decodes, but with a candidate it can fall
+(a request near its end holding much), which is why the fit is computed per step, not assumed.
+`Engine.run` with an `on_step` observer runs single steps, so that it sees every one.
 """
 
 from slora_vtc.config import EngineConfig
