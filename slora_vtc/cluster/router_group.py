@@ -48,16 +48,11 @@ class OneRequest:
 
 
 def least_waiting(vtc: VTC) -> str | None:
-    return vtc._min_waiting()  # VTC's own lazily refreshed heap; reading it is O(log clients)
+    return vtc.min_waiting_client()
 
 
 def set_counter(vtc: VTC, client: str, value: float) -> None:
-    """Overwrite a client's counter, keeping VTC's heap of waiting clients valid."""
-    c = vtc._client(client)
-    c.counter = value
-    if c.queue:
-        c.version += 1
-        vtc._push(client)
+    vtc.set_counter(client, value)
 
 
 class Ingress:

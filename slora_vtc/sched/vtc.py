@@ -94,6 +94,7 @@ class VTC(Scheduler):
         self._predicted: dict[int, _Admitted] = {}  # rid -> its charges, from first admission to its end
         self._last_left: str | None = None
         self._waiting = 0
+        self._queued: dict[str, _Client] = {}  # clients with a waiting request (not every client ever seen)
 
     # -- counters -------------------------------------------------------------------------
     def counter(self, client: str) -> float:
@@ -101,6 +102,18 @@ class VTC(Scheduler):
 
     def counters(self) -> dict[str, float]:
         return {name: c.counter for name, c in self._clients.items()}
+
+    def min_waiting_client(self) -> str | None:
+        """The waiting client with the smallest counter (None when nobody waits); O(log clients)."""
+        return self._min_waiting()
+
+    def set_counter(self, name: str, value: float) -> None:
+        """Overwrite a client's counter (a router adopting the cluster-wide totals), keeping the heap valid."""
+        client = self._client(name)
+        client.counter = value
+        if client.queue:
+            client.version += 1
+            self._push(name)
 
     def _client(self, name: str) -> _Client:
         if name not in self._clients:
@@ -138,6 +151,7 @@ class VTC(Scheduler):
             self._lift(client)
             client.version += 1
             client.queue.append(req)
+            self._queued[req.client] = client
             self._push(req.client)
         else:
             client.queue.append(req)
@@ -164,6 +178,7 @@ class VTC(Scheduler):
             self._waiting -= 1
             if not client.queue:
                 self._last_left = name
+                del self._queued[name]
             if req.generated:  # only a preempted request comes back with tokens
                 self._charge_readmission(req, budget)
             else:
@@ -231,7 +246,7 @@ class VTC(Scheduler):
         rates = self._steady_rates(running, steps) if type(self).select is VTC.select else None
         if rates is None:
             return None
-        waiting = [(int(c.counter), c.order, rates.get(name, 0), c) for name, c in self._clients.items() if c.queue]
+        waiting = [(int(c.counter), c.order, rates.get(name, 0), c) for name, c in self._queued.items()]
         if not waiting or any(not _exact(c.counter, rate * steps) for _, _, rate, c in waiting):
             return None
         heads, s = [], 0
@@ -273,6 +288,7 @@ class VTC(Scheduler):
         if not client.queue:  # back into the heap, without a lift: it was being served
             client.version += 1
             requeue(client.queue, req)
+            self._queued[req.client] = client
             self._push(req.client)
         else:
             requeue(client.queue, req)
@@ -285,12 +301,13 @@ class VTC(Scheduler):
         return self._waiting
 
     def waiting_by_client(self) -> dict[str, int]:
-        return {name: len(c.queue) for name, c in self._clients.items()}
+        return {name: len(c.queue) for name, c in self._queued.items()}
 
     def drain(self) -> list[Request]:
-        drained = [req for c in self._clients.values() for req in c.queue]
-        for c in self._clients.values():
+        drained = [req for c in self._queued.values() for req in c.queue]
+        for c in self._queued.values():
             c.queue.clear()
+        self._queued.clear()
         self._heap.clear()
         self._waiting = 0
         for req in drained:
@@ -303,6 +320,8 @@ class VTC(Scheduler):
             return False
         client.queue.remove(req)
         self._waiting -= 1
+        if not client.queue:
+            del self._queued[req.client]
         self._forget_preempted(req)
         return True
 
