@@ -16,7 +16,6 @@ With one replica the loop makes the same calls in the same order as Engine.run.
 """
 
 import heapq
-import inspect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -26,7 +25,6 @@ from slora_vtc.engine import EndHook, Engine
 from slora_vtc.request import Request
 
 StepHook = Callable[[int], None]  # called with the replica's index after each of its steps
-MACRO_STEPS = "until" in inspect.signature(Engine.step).parameters  # an engine that can decode ahead to a given time
 
 
 class Cluster:
@@ -92,7 +90,7 @@ class Cluster:
                 nxt += 1
             else:
                 i = heapq.heappop(self._heap)[1]
-                self._step(i, t, None if on_step or not MACRO_STEPS else self._next_event(i, nxt, t_arrival, end), on_step)
+                self._step(i, t, None if on_step else self._next_event(i, nxt, t_arrival, end), on_step)
             if self.router.pulls:
                 self._wake_for_queue(t)
         self._check_drained()
