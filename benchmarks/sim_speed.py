@@ -8,15 +8,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from slora_vtc.backends.registry import build_backend
-from slora_vtc.experiment import Experiment, serve_requests
+from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.results import RunResult
-from slora_vtc.sched import build_scheduler
 from slora_vtc.suites import SUITES
 
 RUNS = (
@@ -39,13 +36,7 @@ VARIANTS = (  # on overload: every other scheduler and setting that changes what
 
 def run(exp: Experiment, macro_steps: bool = True) -> RunResult:
     """run_experiment, with macro-steps on or off."""
-    workload = exp.workload()
-    config = replace(exp.engine_config(), macro_steps=macro_steps)
-    requests = exp.requests(workload)
-    backend = build_backend(exp.backend, exp.backend_settings(config))
-    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, False, "", exp.horizon)
-    return RunResult.of(exp.result_config(config, workload), requests, total)
+    return run_experiment(exp, macro_steps=macro_steps)
 
 
 def timed_run(exp: Experiment, macro_steps: bool = True) -> tuple[float, RunResult]:

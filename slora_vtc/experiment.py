@@ -192,11 +192,12 @@ def check_context(model: str, requests: list[Request]) -> None:
                         f"needs {longest.prompt_len + longest.max_new_tokens} ({longest.prompt_len} prompt + {longest.max_new_tokens} new tokens)")
 
 
-def run_experiment(exp: Experiment, progress: bool = False) -> RunResult:
-    """Run one experiment; every request ends finished, rejected or aborted."""
+def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = True) -> RunResult:
+    """Run one experiment; every request ends finished, rejected or aborted. `macro_steps=False`
+    runs the simulator one decode step at a time (what the macro-step tests compare against)."""
     if exp.clustered:
         return run_cluster_experiment(exp, progress)
-    workload, config = exp.workload(), exp.engine_config()
+    workload, config = exp.workload(), replace(exp.engine_config(), macro_steps=macro_steps)
     requests = exp.requests(workload)
     if exp.real_backend:
         check_context(exp.model_name, requests)

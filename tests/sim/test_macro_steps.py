@@ -14,12 +14,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sched_util import FakeBudget
 
-from slora_vtc.backends.registry import build_backend
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
-from slora_vtc.experiment import Experiment, serve_requests
+from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.memory import Budget, MemoryManager, TokenPool
 from slora_vtc.request import Request, State
 from slora_vtc.results import RunResult
@@ -50,13 +49,7 @@ CASES = [
 
 def run(exp: Experiment, macro_steps: bool) -> RunResult:
     """run_experiment, with macro-steps on or off."""
-    workload = exp.workload()
-    config = replace(exp.engine_config(), macro_steps=macro_steps)
-    requests = exp.requests(workload)
-    backend = build_backend(exp.backend, exp.backend_settings(config))
-    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, False, "", exp.horizon)
-    return RunResult.of(exp.result_config(config, workload), requests, total)
+    return run_experiment(exp, macro_steps=macro_steps)
 
 
 @pytest.mark.parametrize("suite,scheduler,settings", CASES, ids=[f"{s}-{p}-{'-'.join(o)}" for s, p, o in CASES])
