@@ -1,5 +1,7 @@
 """A grid file: `[grid]` maps Experiment fields to lists of values, `[fixed]` (optional) sets fields
-shared by every cell; the cells are the product of the lists, in the file's order."""
+shared by every cell, and `[cluster]` (optional) the cluster's shared settings (replicas, router,
+routers, router_sync, ...: a [fixed] table of cluster settings only); the cells are the product of
+the lists, in the file's order."""
 
 import itertools
 import tomllib
@@ -9,10 +11,10 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import Experiment
+from slora_vtc.experiment import CLUSTER_ONLY, Experiment
 from slora_vtc.sweep.cell import Cell
 
-TABLES = ("grid", "fixed")
+TABLES = ("grid", "fixed", "cluster")
 
 
 def load_grid(path: Path) -> list[Cell]:
@@ -21,8 +23,15 @@ def load_grid(path: Path) -> list[Cell]:
     raw = _read_toml(path)
     unknown_tables = [k for k in raw if k not in TABLES]
     if unknown_tables:
-        raise UserError(f"{path}: unknown table [{unknown_tables[0]}] (known: [grid], [fixed])")
-    grid, fixed = (_table(path, raw, name) for name in TABLES)
+        raise UserError(f"{path}: unknown table [{unknown_tables[0]}] (known: [grid], [fixed], [cluster])")
+    grid, fixed, cluster = (_table(path, raw, name) for name in TABLES)
+    not_cluster = [k for k in cluster if k not in CLUSTER_ONLY]
+    if not_cluster:
+        raise UserError(f"{path}: cluster.{not_cluster[0]} is not a cluster setting (those are: {', '.join(CLUSTER_ONLY)}); put it in [fixed]")
+    both = [k for k in cluster if k in fixed]
+    if both:
+        raise UserError(f"{path}: '{both[0]}' is in both [fixed] and [cluster]")
+    fixed = {**fixed, **cluster}
     if not grid:
         raise UserError(f"{path}: no [grid] table, or it is empty: give at least one setting and its list of values")
     axes = {name: _axis(path, name, values) for name, values in grid.items()}

@@ -182,6 +182,8 @@ FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
     (FIXED, "no [grid] table"),
     ('[grid]\nscheduler = ["vtc"]\n[runs]\nx = 1' + FIXED, "unknown table [runs]"),
     ('[grid\n', "not valid TOML"),
+    ('[grid]\nscheduler = ["vtc"]\n[cluster]\nseed = 3' + FIXED, "cluster.seed is not a cluster setting"),
+    ('[grid]\nscheduler = ["vtc"]\n[cluster]\nreplicas = 0' + FIXED, "cell scheduler=vtc: --replicas must be at least 1"),
 ])
 def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs, text, message):
     out = tmp_path / "t.parquet"
@@ -273,3 +275,9 @@ def test_the_example_grid_checks():
     assert len(cells) == 3 * 2 * 2  # what its first line says
     for cell in cells:
         check(cell.experiment())
+
+
+def test_a_cluster_table_sets_the_cluster_of_every_cell(tmp_path):
+    text = '[grid]\nscheduler = ["vtc", "fcfs"]\n[cluster]\nreplicas = 4\nrouter = "least-load"\n[fixed]\nsuite = "overload"\n'
+    cells = load_grid(write(tmp_path, text))
+    assert [c.settings for c in cells] == [{"suite": "overload", "replicas": 4, "router": "least-load", "scheduler": s} for s in ("vtc", "fcfs")]
