@@ -180,3 +180,18 @@ def test_service_shutdown_aborts_what_is_left_and_frees_the_pool():
     assert all("shutting down" in e.reason for e in ends)
     assert service.engine.memory.pool.num_free == 3000
     assert not service.engine.busy and not service.healthy
+
+
+def test_sse_data_never_holds_a_raw_unicode_line_break():
+    """U+2028, U+2029 and U+0085 split lines for str.splitlines and other line-based SSE readers;
+    escaped, the JSON still decodes to the same text."""
+    import json
+
+    from slora_vtc.server.generation import sse
+
+    text = "a\u2028b\u2029c\u0085d\ne"
+    event = sse({"choices": [{"text": text}]})
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    body = event[len("data: "):-2]
+    assert len(body.splitlines()) == 1 and not any(ch in body for ch in "\u2028\u2029\u0085")
+    assert json.loads(body) == {"choices": [{"text": text}]}
