@@ -1,12 +1,14 @@
 """Request bodies of the HTTP API: OpenAI completions and chat, S-LoRA's /generate.
 
 Unknown fields are ignored (clients send many); fields that would change the output in a way
-this server does not implement (n > 1, stop strings, logprobs, ...) are refused by name.
+this server does not implement (n > 1, stop strings, logprobs, ...) are refused by name. Values
+are not coerced: `"max_tokens": "16"` and `"stream": "yes"` are refused, as is text that is not
+valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists.
 """
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Prompt = str | list[int]
 
@@ -18,10 +20,34 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return text
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _single_prompt(value: Any) -> Any:
+    """One prompt: a string or a list of token ids."""
+    if isinstance(value, str):
+        return _unicode(value)
+    if _token_ids(value):
+        return value
+    raise ValueError("must be a string or a list of token ids")
+
+
 def _text_or_ids(value: Any) -> Any:
     """A clear message for a prompt of the wrong type (instead of one error per union member)."""
     if isinstance(value, str):
-        return value
+        return _unicode(value)
     if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and all(isinstance(t, str | list) for t in value):
@@ -30,12 +56,14 @@ def _text_or_ids(value: Any) -> Any:
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class OpenAIParams(BaseModel):
     """Fields shared by completions and chat."""
 
+    model_config = STRICT
     model: str | None = None  # any name: this server serves one model
     max_tokens: int | None = Field(None, gt=0)
     temperature: float = Field(1.0, ge=0, le=2)
@@ -71,18 +99,30 @@ class CompletionRequest(OpenAIParams):
         if isinstance(value, list) and value and isinstance(value[0], str | list):
             if len(value) != 1:
                 raise ValueError("one prompt per request (batched prompts are not supported)")
-            return _text_or_ids(value[0])
+            return _single_prompt(value[0])
         return value
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
+    @field_validator("text")
+    @classmethod
+    def _valid(cls, value: str) -> str:
+        return _unicode(value)
+
 
 class ChatMessage(BaseModel):
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _valid(cls, value):
+        return _unicode(value) if isinstance(value, str) else value
 
     @property
     def text(self) -> str:
@@ -99,9 +139,10 @@ class ChatRequest(OpenAIParams):
 class GenerateParameters(BaseModel):
     """S-LoRA's sampling parameters (do_sample false: greedy)."""
 
+    model_config = STRICT
     max_new_tokens: int = Field(16, gt=0)
     do_sample: bool = False
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     ignore_eos: bool = False
@@ -113,8 +154,6 @@ class GenerateRequest(BaseModel):
     @field_validator("inputs", mode="before")
     @classmethod
     def _prompt(cls, value):
-        if isinstance(value, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise ValueError("must be a string or a list of token ids")
-        return _text_or_ids(value)
+        return _single_prompt(value)
     parameters: GenerateParameters = GenerateParameters()
     lora_dir: str | None = None  # S-LoRA names the adapter by its folder; here: the adapter's name

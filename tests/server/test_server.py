@@ -119,6 +119,10 @@ def test_generate_text_input_with_client_header(server):
     ('{"prompt": "%s"}' % ("y" * 2500), "the prompt (2501 tokens) is too long for the memory pool of 2000 tokens"),
     ('{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "max_tokens": 4090}', "exceeds the model's context of 4096 tokens"),
     ('{"prompt": ["a", "b"]}', "one prompt per request"),
+    ('{"prompt": [[[1]]], "max_tokens": 4}', "prompt: must be a string or a list of token ids"),
+    ('{"prompt": "\\ud800"}', "prompt: must be valid Unicode text (it holds a lone surrogate)"),
+    ('{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
+    ('{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
 ])
 def test_bad_completion_requests_get_400_with_a_clear_message(server, body, expected):
     r = httpx2.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
@@ -137,6 +141,12 @@ def test_bad_chat_requests(server, body, expected):
 
 
 def test_bad_generate_requests(server):
+    for temperature in ("1e9", "Infinity"):
+        body = '{"inputs": "x", "parameters": {"temperature": %s}}' % temperature
+        r = httpx2.post(f"{server.url}/generate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "temperature" in r.json()["error"]["message"], temperature
+    r = httpx2.post(f"{server.url}/generate", json={"inputs": [[1]]})
+    assert r.status_code == 400 and "must be a string or a list of token ids" in r.json()["error"]["message"]
     r = httpx2.post(f"{server.url}/generate", json={"parameters": {"max_new_tokens": 3}})
     assert r.status_code == 400 and "inputs: Field required" in r.json()["error"]["message"]
     r = httpx2.post(f"{server.url}/generate", json={"inputs": [1, 2], "parameters": {"max_new_tokens": 5000}})
