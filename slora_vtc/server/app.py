@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from slora_vtc.server import openai_api, slora_api
 from slora_vtc.server.context import ServerContext
@@ -33,6 +34,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.ctx = ctx
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)  # 404, 405: OpenAI's shape too
     app.include_router(openai_api.router)
     app.include_router(slora_api.router)
     app.add_api_route("/health", health, methods=["GET"])
@@ -56,6 +58,11 @@ async def metrics(ctx: ServerContext = Depends(context)) -> Response:
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.message, exc.kind), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -210,3 +210,11 @@ def test_non_streaming_client_that_gives_up_is_aborted(server):
                     timeout=httpx2.Timeout(0.2))
     wait_for(lambda: aborted(server, "impatient") == 1)
     server.wait_idle()
+
+
+def test_unknown_paths_and_methods_answer_in_openai_error_shape(server):
+    r = httpx2.get(f"{server.url}/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error" and r.json()["error"]["message"] == "Not Found"
+    r = httpx2.get(f"{server.url}/v1/completions")
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "POST" in r.headers["allow"]
