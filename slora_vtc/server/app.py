@@ -57,7 +57,7 @@ async def metrics(ctx: ServerContext = Depends(context)) -> Response:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.kind), status_code=exc.status)
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -15,7 +15,7 @@ POOL = 2000
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server(pool_tokens=POOL, scheduler="vtc") as srv:
+    with running_server(pool_tokens=POOL, scheduler="vtc", dummy_adapters=1) as srv:
         yield srv
 
 
@@ -70,7 +70,7 @@ def test_top_k_one_samples_the_greedy_tokens(client):
 
 
 def test_models_health_and_metrics(server, client):
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert [m.id for m in client.models.list()] == ["tiny", "dummy-0"]  # the base model, then the adapters
     health = httpx2.get(f"{server.url}/health").json()
     assert health == {"status": "ok", "model": "tiny", "scheduler": "vtc", "pool_tokens": POOL}
     before = server.per_client("served_output_tokens").get("metrics-probe", 0)
@@ -218,3 +218,19 @@ def test_unknown_paths_and_methods_answer_in_openai_error_shape(server):
     r = httpx2.get(f"{server.url}/v1/completions")
     assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert "POST" in r.headers["allow"]
+
+
+def test_an_unknown_model_is_a_404_and_an_adapter_is_a_model(server, client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+    assert raised.value.body["code"] == "model_not_found" and "dummy-0" in raised.value.body["message"]
+    assert [m.id for m in client.models.list().data] == ["tiny", "dummy-0"]
+    assert client.models.retrieve("dummy-0").id == "dummy-0"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    kw = dict(prompt=[1, 9, 8, 7], max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    base, lora, again = (client.completions.create(model=m, **kw) for m in ("tiny", "dummy-0", "tiny"))
+    assert base.model == "tiny" and lora.usage.completion_tokens == 6
+    assert lora.choices[0].text != base.choices[0].text == again.choices[0].text  # greedy: only the adapter changes it

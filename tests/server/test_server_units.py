@@ -89,10 +89,10 @@ def test_server_on_a_model_folder_uses_its_tokenizer(hf_folder):
 
     with running_server(model=str(hf_folder), pool_tokens=200) as srv:
         client = OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
-        r = client.completions.create(model="m", prompt="hello world", max_tokens=3, extra_body={"ignore_eos": True})
+        r = client.completions.create(model=hf_folder.name, prompt="hello world", max_tokens=3, extra_body={"ignore_eos": True})
         assert r.model == hf_folder.name and r.usage.completion_tokens == 3
         assert r.usage.prompt_tokens == len(srv.ctx.tokenizer.encode("hello world"))
-        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        r = client.chat.completions.create(model=hf_folder.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert r.usage.prompt_tokens == len(srv.ctx.tokenizer.chat_prompt([("user", "hi")]))
 
 
