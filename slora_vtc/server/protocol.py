@@ -17,6 +17,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
     "suffix": ("",), "logit_bias": ({},), "stop": ("", []), "presence_penalty": (0,),
     "frequency_penalty": (0,), "seed": (), "tools": ([],), "response_format": ({"type": "text"},),
+    # vLLM's extensions that change the output
+    "stop_token_ids": ([],), "min_p": (0,), "min_tokens": (0,), "repetition_penalty": (1,),
 }
 
 
