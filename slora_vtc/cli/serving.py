@@ -14,7 +14,8 @@ def cmd_serve(args) -> int:
     serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
                        pool_tokens=args.pool_tokens, lora=tuple(args.lora), dummy_adapters=args.dummy_adapters,
                        adapter_rank=args.adapter_rank, backend=args.backend, device=args.device,
-                       dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout))
+                       dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout,
+                       max_body_bytes=args.max_body_bytes))
     return 0
 
 
@@ -38,6 +39,7 @@ def add_parsers(sub) -> None:
     srv.add_argument("--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)")
     srv.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them")
     srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
+    srv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)")
     srv.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench-http", help="replay a trace against a server over HTTP; writes a result file")

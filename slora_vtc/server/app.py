@@ -18,6 +18,7 @@ from slora_vtc.server import openai_api, slora_api
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError, error_body
+from slora_vtc.server.limits import BodyLimit
 from slora_vtc.server.metrics import render
 
 
@@ -35,6 +36,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)  # 404, 405: OpenAI's shape too
+    app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     app.include_router(openai_api.router)
     app.include_router(slora_api.router)
     app.add_api_route("/health", health, methods=["GET"])

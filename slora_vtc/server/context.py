@@ -29,12 +29,15 @@ class ServerConfig:
     seed: int = 0
     tokenizer: str | None = None  # a tokenizer folder, or "byte"; default: the model folder's, else bytes
     drain_s: float = 30.0  # on SIGINT / SIGTERM: serve in-flight requests this long, then abort them
+    max_body_bytes: int = 1 << 20  # larger request bodies get a 413 before they are parsed
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
         if self.drain_s < 0:
             raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
+        if self.max_body_bytes <= 0:
+            raise UserError(f"--max-body-bytes must be positive, got {self.max_body_bytes}")
 
 
 @dataclass(frozen=True)

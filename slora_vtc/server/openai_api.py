@@ -5,6 +5,7 @@ served LoRA adapter, which then serves the request (as vLLM's --lora-modules); a
 a 404.
 """
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -61,7 +62,7 @@ def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> st
 async def completions(body: CompletionRequest, http: Request, who: Caller = Depends(caller)):
     ctx, client = who.ctx, who.client(body.user)
     _check_model(ctx, body.model)
-    ids = prompt_ids(ctx, body.prompt)
+    ids = await asyncio.to_thread(prompt_ids, ctx, body.prompt)  # off the event loop: a long prompt must not stall streams
     gen = await _start(ctx, client, body, ids, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS)
     reply = _Reply(ctx, "cmpl", "text_completion", body.include_usage)
     if body.stream:
@@ -74,7 +75,7 @@ async def completions(body: CompletionRequest, http: Request, who: Caller = Depe
 async def chat(body: ChatRequest, http: Request, who: Caller = Depends(caller)):
     ctx, client = who.ctx, who.client(body.user)
     _check_model(ctx, body.model)
-    ids = prompt_ids(ctx, ctx.tokenizer.chat_prompt([(m.role, m.text) for m in body.messages]))
+    ids = await asyncio.to_thread(lambda: prompt_ids(ctx, ctx.tokenizer.chat_prompt([(m.role, m.text) for m in body.messages])))
     max_tokens = body.max_completion_tokens or body.max_tokens or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), _adapter(ctx, body, client))))
     gen = await _start(ctx, client, body, ids, max_tokens)
     reply = _Reply(ctx, "chatcmpl", "chat.completion", body.include_usage)

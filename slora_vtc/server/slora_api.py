@@ -7,6 +7,7 @@ false, "details": null}, then a final event with the whole text and
 details {"finish_reason", "prompt_tokens", "generated_tokens"}.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
@@ -36,7 +37,7 @@ async def _start(who: Caller, body: GenerateRequest) -> Generation:
     ctx, client = who.ctx, who.client()
     p = body.parameters
     params = sampling(p.temperature if p.do_sample else 0.0, p.top_p, p.top_k)
-    ids = prompt_ids(ctx, body.inputs)
+    ids = await asyncio.to_thread(prompt_ids, ctx, body.inputs)  # off the event loop
     return await Generation.start(ctx, new_request(ctx, client, ids, p.max_new_tokens, params, p.ignore_eos, body.lora_dir or client.adapter))
 
 

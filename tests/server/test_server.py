@@ -242,3 +242,20 @@ def test_an_unknown_model_is_a_404_and_an_adapter_is_a_model(server, client):
     base, lora, again = (client.completions.create(model=m, **kw) for m in ("tiny", "dummy-0", "tiny"))
     assert base.model == "tiny" and lora.usage.completion_tokens == 6
     assert lora.choices[0].text != base.choices[0].text == again.choices[0].text  # greedy: only the adapter changes it
+
+
+def test_a_body_over_the_limit_is_a_413_declared_or_chunked():
+    body = '{"prompt": "%s", "max_tokens": 1}' % ("z" * 2000)
+    with running_server(pool_tokens=POOL, max_body_bytes=1000) as srv:
+        url = f"{srv.url}/v1/completions"
+        r = httpx2.post(url, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "limit of 1,000 bytes" in r.json()["error"]["message"]
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for i in range(0, len(body), 100):
+                yield body[i : i + 100].encode()
+
+        r = httpx2.post(url, content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+        ok = httpx2.post(url, json={"prompt": "small", "max_tokens": 1, "ignore_eos": True})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
