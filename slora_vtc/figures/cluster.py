@@ -24,7 +24,7 @@ ROUTERS = {  # label -> (router, the replicas' scheduler)
     "global VTC": ("global-vtc", "vtc"),
 }
 WORKLOADS = {"overload": dict(duration=120.0), "real": dict(duration=300.0)}
-PREFIX_SUITE, PREFIX_SIZES = "prefix_qa_s1", (2, 4)
+PREFIX_SUITE, PREFIX_SIZES = "prefix_qa_s1", (2, 4, 8)
 PREFIX_ROUTERS = {**ROUTERS, "round-robin + LPM": ("round-robin", "lpm")}
 SYNC = (None, 120.0, 60.0, 20.0, 5.0, 1.0, 0.0)  # seconds between counter synchronisations (None: never)
 SYNC_S = 300.0  # long enough that a few sync intervals pass after the start-up
@@ -94,7 +94,7 @@ def _prefix_routing() -> Figure:
         for ax, key in zip(axes, ("throughput_tok_s", "jain", "cache_hit_rate")):
             for k, n in enumerate(PREFIX_SIZES):
                 ax.bar([i + k * width for i in range(len(labels))], [numbers[f"{n}"][label][key] for label in labels], width, label=f"{n} replicas")
-            ax.set_xticks([i + width / 2 for i in range(len(labels))], labels, rotation=60, ha="right", fontsize="x-small")
+            ax.set_xticks([i + width * (len(PREFIX_SIZES) - 1) / 2 for i in range(len(labels))], labels, rotation=60, ha="right", fontsize="x-small")
             ax.set(title=key.replace("_", " "))
             ax.legend(fontsize="x-small")
         fig.suptitle(f"{PREFIX_SUITE} on a cluster, prefix cache on (client 0 floods)")
