@@ -10,6 +10,7 @@ from slora_vtc.cluster.prefix_affinity import PrefixAffinity
 from slora_vtc.cluster.round_robin import RoundRobin
 from slora_vtc.cluster.router import Router, RouterOptions
 from slora_vtc.errors import UserError
+from slora_vtc.specs import resolve_spec
 
 Factory = Callable[[str | None, RouterOptions], Router]
 
@@ -66,17 +67,8 @@ def register_router(name: str, entry: RouterEntry) -> RouterEntry:
 
 def build_router(spec: str, options: RouterOptions = RouterOptions()) -> Router:
     """Build a router from `name` or `name:ARG`; raise UserError naming what is wrong."""
-    name, sep, arg = spec.partition(":")
-    entry = ROUTERS.get(name)
-    if entry is None:
-        raise UserError(f"unknown router '{name}' (known: {', '.join(ROUTERS)})")
-    if entry.arg and not entry.optional and not arg:
-        raise UserError(f"router '{name}' needs an argument: {entry.usage(name)}")
-    if entry.optional and sep and not arg:
-        raise UserError(f"router '{spec}': the argument after ':' is missing ({entry.usage(name)})")
-    if not entry.arg and sep:
-        raise UserError(f"router '{name}' takes no argument, got '{spec}'")
-    router = entry.factory(arg or None, options)
+    entry, arg = resolve_spec("router", spec, ROUTERS)
+    router = entry.factory(arg, options)
     if options.routers > 1 and not isinstance(router, GlobalVTC):
-        raise UserError(f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{name}'")
+        raise UserError(f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{spec.partition(':')[0]}'")
     return router

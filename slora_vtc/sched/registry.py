@@ -12,6 +12,7 @@ from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.lpm import LPM
 from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
+from slora_vtc.specs import resolve_spec
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,5 @@ def split_specs(texts: list[str]) -> list[str]:
 
 def build_scheduler(spec: str, clients: list[str], options: SchedulerOptions = SchedulerOptions()) -> Scheduler:
     """Build a scheduler from `name` or `name:ARG`; raise UserError naming what is wrong."""
-    name, sep, arg = spec.partition(":")
-    entry = SCHEDULERS.get(name)
-    if entry is None:
-        raise UserError(f"unknown scheduler '{name}' (known: {', '.join(SCHEDULERS)})")
-    if entry.arg and not entry.optional and not arg:
-        raise UserError(f"scheduler '{name}' needs an argument: {name}:{entry.arg}")
-    if entry.optional and sep and not arg:
-        raise UserError(f"scheduler '{spec}': the argument after ':' is missing ({entry.usage(name)})")
-    if not entry.arg and sep:
-        raise UserError(f"scheduler '{name}' takes no argument, got '{spec}'")
-    return entry.factory(arg or None, clients, options)
+    entry, arg = resolve_spec("scheduler", spec, SCHEDULERS)
+    return entry.factory(arg, clients, options)

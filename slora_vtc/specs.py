@@ -1,0 +1,21 @@
+"""Spec strings of the registries (schedulers, routers): `name` or `name:ARG`."""
+
+from collections.abc import Mapping
+
+from slora_vtc.errors import UserError
+
+
+def resolve_spec(kind: str, spec: str, registry: Mapping):
+    """(entry, argument or None) for a spec; UserError naming what is wrong. An entry has `arg`
+    (the argument's name, None: takes none), `optional` and `usage(name)`."""
+    name, sep, arg = spec.partition(":")
+    entry = registry.get(name)
+    if entry is None:
+        raise UserError(f"unknown {kind} '{name}' (known: {', '.join(registry)})")
+    if entry.arg and not entry.optional and not arg:
+        raise UserError(f"{kind} '{name}' needs an argument: {entry.usage(name)}")
+    if entry.optional and sep and not arg:
+        raise UserError(f"{kind} '{spec}': the argument after ':' is missing ({entry.usage(name)})")
+    if not entry.arg and sep:
+        raise UserError(f"{kind} '{name}' takes no argument, got '{spec}'")
+    return entry, arg or None
