@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from slora_vtc.server import openai_api, slora_api
+from slora_vtc.server import openai_api, slora_api, utility_api
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError, error_body
@@ -39,6 +39,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     app.include_router(openai_api.router)
     app.include_router(slora_api.router)
+    app.include_router(utility_api.router)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     return app

@@ -25,7 +25,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool
 
 
-def _unicode(text: str) -> str:
+def valid_unicode(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -33,15 +33,15 @@ def _unicode(text: str) -> str:
     return text
 
 
-def _token_ids(value: Any) -> bool:
+def is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 def _single_prompt(value: Any) -> Any:
     """One prompt: a string or a list of token ids."""
     if isinstance(value, str):
-        return _unicode(value)
-    if _token_ids(value):
+        return valid_unicode(value)
+    if is_token_ids(value):
         return value
     raise ValueError("must be a string or a list of token ids")
 
@@ -49,7 +49,7 @@ def _single_prompt(value: Any) -> Any:
 def _text_or_ids(value: Any) -> Any:
     """A clear message for a prompt of the wrong type (instead of one error per union member)."""
     if isinstance(value, str):
-        return _unicode(value)
+        return valid_unicode(value)
     if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and all(isinstance(t, str | list) for t in value):
@@ -113,7 +113,7 @@ class TextPart(BaseModel):
     @field_validator("text")
     @classmethod
     def _valid(cls, value: str) -> str:
-        return _unicode(value)
+        return valid_unicode(value)
 
 
 class ChatMessage(BaseModel):
@@ -124,7 +124,7 @@ class ChatMessage(BaseModel):
     @field_validator("content")
     @classmethod
     def _valid(cls, value):
-        return _unicode(value) if isinstance(value, str) else value
+        return valid_unicode(value) if isinstance(value, str) else value
 
     @property
     def text(self) -> str:

@@ -259,3 +259,17 @@ def test_a_body_over_the_limit_is_a_413_declared_or_chunked():
         assert r.status_code == 413 and set(r.json()["error"]) == {"message", "type", "param", "code"}
         ok = httpx2.post(url, json={"prompt": "small", "max_tokens": 1, "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
+
+
+def test_tokenize_detokenize_and_version(server):
+    r = httpx2.post(f"{server.url}/tokenize", json={"prompt": "héllo"})
+    ids = r.json()["tokens"]
+    assert r.status_code == 200 and r.json()["count"] == len(ids) == text_prompt_tokens("héllo")  # bytes + BOS
+    assert r.json()["max_model_len"] == server.ctx.spec.max_position
+    assert httpx2.post(f"{server.url}/detokenize", json={"tokens": ids[1:]}).json() == {"prompt": "héllo"}
+    bad = httpx2.post(f"{server.url}/detokenize", json={"tokens": [1, 10**6]})
+    assert bad.status_code == 400 and "outside the model's vocabulary" in bad.json()["error"]["message"]
+    assert httpx2.post(f"{server.url}/tokenize", json={"prompt": 5}).status_code == 400
+    from slora_vtc import __version__
+
+    assert httpx2.get(f"{server.url}/version").json() == {"version": __version__}

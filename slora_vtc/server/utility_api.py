@@ -1,0 +1,63 @@
+"""POST /tokenize, POST /detokenize and GET /version, in vLLM's shapes.
+
+/tokenize answers the ids this server would feed the model for a prompt (its BOS included), with
+their count and the model's context; /detokenize the text of ids of the model's vocabulary.
+"""
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, field_validator
+
+from slora_vtc import __version__
+from slora_vtc.server.context import ServerContext
+from slora_vtc.server.deps import context
+from slora_vtc.server.errors import ApiError
+from slora_vtc.server.generation import prompt_ids
+from slora_vtc.server.protocol import STRICT, is_token_ids, valid_unicode
+
+router = APIRouter()
+
+
+class TokenizeRequest(BaseModel):
+    model_config = STRICT
+    prompt: str
+    model: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _valid(cls, value: str) -> str:
+        return valid_unicode(value)
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+    tokens: list[int]
+    model: str | None = None
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _ids(cls, value):
+        if not is_token_ids(value):
+            raise ValueError("must be a list of token ids")
+        return value
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, ctx: ServerContext = Depends(context)) -> dict:
+    ids = await asyncio.to_thread(prompt_ids, ctx, body.prompt)
+    return {"count": len(ids), "max_model_len": ctx.spec.max_position, "tokens": ids}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, ctx: ServerContext = Depends(context)) -> dict:
+    vocab = ctx.spec.vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+    return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+
+@router.get("/version")
+async def version() -> dict:
+    return {"version": __version__}
