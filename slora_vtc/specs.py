@@ -19,3 +19,13 @@ def resolve_spec(kind: str, spec: str, registry: Mapping):
     if not entry.arg and sep:
         raise UserError(f"{kind} '{name}' takes no argument, got '{spec}'")
     return entry, arg or None
+
+
+def register_spec(kind: str, name: str, entry, registry: dict):
+    """Add an entry under a new name (a plugin's); a taken name, or one a spec could not name, is an error."""
+    if name in registry:
+        raise UserError(f"{kind} '{name}' is already registered")
+    if ":" in name or "," in name or not name:
+        raise UserError(f"{kind} name '{name}' must be non-empty, without ':' or ','")
+    registry[name] = entry
+    return entry

@@ -10,7 +10,7 @@ from slora_vtc.cluster.prefix_affinity import PrefixAffinity
 from slora_vtc.cluster.round_robin import RoundRobin
 from slora_vtc.cluster.router import Router, RouterOptions
 from slora_vtc.errors import UserError
-from slora_vtc.specs import resolve_spec
+from slora_vtc.specs import register_spec, resolve_spec
 
 Factory = Callable[[str | None, RouterOptions], Router]
 
@@ -57,12 +57,7 @@ ROUTERS: dict[str, RouterEntry] = {
 
 def register_router(name: str, entry: RouterEntry) -> RouterEntry:
     """Add a router (from a plugin); a name that is taken is an error."""
-    if name in ROUTERS:
-        raise UserError(f"router '{name}' is already registered")
-    if ":" in name or "," in name or not name:
-        raise UserError(f"router name '{name}' must be non-empty, without ':' or ','")
-    ROUTERS[name] = entry
-    return entry
+    return register_spec("router", name, entry, ROUTERS)
 
 
 def build_router(spec: str, options: RouterOptions = RouterOptions()) -> Router:

@@ -12,7 +12,7 @@ from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.lpm import LPM
 from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
-from slora_vtc.specs import resolve_spec
+from slora_vtc.specs import register_spec, resolve_spec
 
 
 @dataclass(frozen=True)
@@ -123,12 +123,7 @@ def scheduler_weights(spec: str, clients: list[str]) -> dict[str, float] | None:
 
 def register_scheduler(name: str, entry: Entry) -> Entry:
     """Add a scheduler (from a plugin, see docs/extending.md); a name that is taken is an error."""
-    if name in SCHEDULERS:
-        raise UserError(f"scheduler '{name}' is already registered")
-    if ":" in name or "," in name or not name:
-        raise UserError(f"scheduler name '{name}' must be non-empty, without ':' or ','")
-    SCHEDULERS[name] = entry
-    return entry
+    return register_spec("scheduler", name, entry, SCHEDULERS)
 
 
 def split_specs(texts: list[str]) -> list[str]:

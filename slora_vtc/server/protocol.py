@@ -6,9 +6,9 @@ are not coerced: `"max_tokens": "16"` and `"stream": "yes"` are refused, as is t
 valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Prompt = str | list[int]
 
@@ -31,6 +31,9 @@ def valid_unicode(text: str) -> str:
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
     return text
+
+
+UnicodeText = Annotated[str, AfterValidator(valid_unicode)]  # text a tokenizer can encode
 
 
 def is_token_ids(value: Any) -> bool:
@@ -108,23 +111,13 @@ class CompletionRequest(OpenAIParams):
 class TextPart(BaseModel):
     model_config = STRICT
     type: Literal["text"]
-    text: str
-
-    @field_validator("text")
-    @classmethod
-    def _valid(cls, value: str) -> str:
-        return valid_unicode(value)
+    text: UnicodeText
 
 
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _valid(cls, value):
-        return valid_unicode(value) if isinstance(value, str) else value
+    content: UnicodeText | list[TextPart] | None = None
 
     @property
     def text(self) -> str:

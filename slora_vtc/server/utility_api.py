@@ -14,20 +14,15 @@ from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError
 from slora_vtc.server.generation import prompt_ids
-from slora_vtc.server.protocol import STRICT, is_token_ids, valid_unicode
+from slora_vtc.server.protocol import STRICT, UnicodeText, is_token_ids
 
 router = APIRouter()
 
 
 class TokenizeRequest(BaseModel):
     model_config = STRICT
-    prompt: str
+    prompt: UnicodeText
     model: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _valid(cls, value: str) -> str:
-        return valid_unicode(value)
 
 
 class DetokenizeRequest(BaseModel):
