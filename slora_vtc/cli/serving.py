@@ -15,7 +15,9 @@ def cmd_serve(args) -> int:
                        pool_tokens=args.pool_tokens, lora=tuple(args.lora), dummy_adapters=args.dummy_adapters,
                        adapter_rank=args.adapter_rank, backend=args.backend, device=args.device,
                        dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout,
-                       max_body_bytes=args.max_body_bytes))
+                       max_body_bytes=args.max_body_bytes, max_client_labels=args.max_client_labels,
+                       client_idle_s=args.client_idle_timeout, metrics_key=args.metrics_key, max_inflight=args.max_inflight,
+                       max_waiting=args.max_waiting, backlog=args.backlog, keep_alive_s=args.keep_alive_timeout))
     return 0
 
 
@@ -40,6 +42,13 @@ def add_parsers(sub) -> None:
     srv.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them")
     srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)")
+    srv.add_argument("--max-client-labels", type=int, default=100, help="/metrics names the busiest N clients; the rest are client=\"other\" (default 100)")
+    srv.add_argument("--client-idle-timeout", type=float, default=600.0, help="forget a client idle this many seconds (default 600; VTC lifts it on return)")
+    srv.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
+    srv.add_argument("--max-inflight", type=int, default=4096, help="generation requests handled at once; more get a 503 with Retry-After (default 4096)")
+    srv.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the scheduler; more get a 503 with Retry-After (default 2048)")
+    srv.add_argument("--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)")
+    srv.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after this many seconds (default 5)")
     srv.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench-http", help="replay a trace against a server over HTTP; writes a result file")

@@ -30,14 +30,28 @@ class ServerConfig:
     tokenizer: str | None = None  # a tokenizer folder, or "byte"; default: the model folder's, else bytes
     drain_s: float = 30.0  # on SIGINT / SIGTERM: serve in-flight requests this long, then abort them
     max_body_bytes: int = 1 << 20  # larger request bodies get a 413 before they are parsed
+    max_client_labels: int = 100  # /metrics labels this many clients by name (the busiest); the rest are client="other"
+    client_idle_s: float = 600.0  # a client with nothing queued or running for this long is forgotten (VTC lifts it on return)
+    metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)
+    max_inflight: int = 4096  # generation requests handled at once over HTTP; more get a 503 with Retry-After
+    max_waiting: int = 2048  # requests queued in the scheduler; more get a 503 with Retry-After
+    backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
+    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
         if self.drain_s < 0:
             raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
-        if self.max_body_bytes <= 0:
-            raise UserError(f"--max-body-bytes must be positive, got {self.max_body_bytes}")
+        for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-client-labels", self.max_client_labels),
+                            ("--max-inflight", self.max_inflight), ("--max-waiting", self.max_waiting), ("--backlog", self.backlog)):
+            if value <= 0:
+                raise UserError(f"{flag} must be positive, got {value}")
+        for flag, value in (("--client-idle-timeout", self.client_idle_s), ("--keep-alive-timeout", self.keep_alive_s)):
+            if not value > 0 or value == float("inf"):
+                raise UserError(f"{flag} must be a positive number of seconds, got {value}")
+        if self.metrics_key is not None and not self.metrics_key.strip():
+            raise UserError("--metrics-key must not be empty")
 
 
 @dataclass(frozen=True)
