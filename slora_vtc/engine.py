@@ -81,6 +81,17 @@ class Engine:
         self._end(req, State.ABORTED, reason)
         self.memory.evict_unused(self.running)
 
+    def finish(self, req: Request) -> None:
+        """End a request now as finished, as if it had generated a stop token (the serving path
+        found a stop string in its text); no-op once it has ended."""
+        if req in self.running:
+            req.stopped = True
+            self._retire([req])
+        elif self.scheduler.remove(req):  # preempted and waiting again: it keeps what it generated
+            self.memory.forget(req)
+            req.stopped = True
+            self._end(req, State.FINISHED)
+
     @property
     def busy(self) -> bool:
         return bool(self.running) or self.scheduler.num_waiting() > 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from slora_vtc.engine import Engine
-from slora_vtc.request import Request, State
+from slora_vtc.request import Request, State, TokenLogprob
 from slora_vtc.server.stats import ClientStats, Snapshot
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class Accepted:
 @dataclass(frozen=True)
 class Tokens:
     ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,13 @@ class EngineService:
             self._send(partial(self._abort, req, reason))
         except ServiceStopped:
             pass  # the engine thread aborted everything on its way out
+
+    def finish(self, req: Request) -> None:
+        """End a request as finished (a stop string matched its text) before its next step."""
+        try:
+            self._send(partial(self._finish, req))
+        except ServiceStopped:
+            pass
 
     def snapshot(self) -> Future:
         """Per-client stats with the engine's queues, counters and pool, taken between two steps."""
@@ -207,6 +215,10 @@ class EngineService:
         if req in self._live:
             self.engine.abort(req, reason)
 
+    def _finish(self, req: Request) -> None:
+        if req in self._live:
+            self.engine.finish(req)
+
     def _call(self, fn: Callable[[], object], future: Future) -> None:
         if not future.set_running_or_notify_cancel():
             return
@@ -249,7 +261,7 @@ class EngineService:
             self.stats[req.client].served(req.prompt_len if live.counted == 0 else 0, req.generated - live.counted)
             live.counted = req.generated
         if len(req.output_ids) > live.sent:
-            self._emit(live.sub, Tokens(tuple(req.output_ids[live.sent :])))
+            self._emit(live.sub, Tokens(tuple(req.output_ids[live.sent :]), tuple(req.output_logprobs[live.sent :])))
             live.sent = len(req.output_ids)
 
     def _abort_all(self, reason: str) -> None:
