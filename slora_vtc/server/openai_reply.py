@@ -14,7 +14,7 @@ from contextlib import aclosing
 
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.generation import Delta, Generation, sse, usage
-from slora_vtc.server.logprobs import CompletionLogprobs, chat_logprobs
+from slora_vtc.server.logprobs import CompletionLogprobs, chat_logprobs, token_text
 from slora_vtc.server.protocol import ChatRequest, CompletionRequest
 
 
@@ -42,13 +42,14 @@ class CompletionChoices:
     kind = "text_completion"
 
     def __init__(self, ctx: ServerContext, body: CompletionRequest, echoes: list[str] | None):
-        self.ctx, self.k, self.echoes, self.per_prompt = ctx, body.logprobs, echoes, body.sequences
+        self.k, self.echoes, self.per_prompt = body.logprobs, echoes, body.sequences
+        self.text_of = token_text(ctx.tokenizer, body.return_tokens_as_token_ids)
         self._logprobs: dict[int, CompletionLogprobs] = {}
 
     def _lp(self, index: int, ids, logprobs) -> dict | None:
         if self.k is None:
             return None
-        return self._logprobs.setdefault(index, CompletionLogprobs(self.ctx.tokenizer, self.k)).of(ids, logprobs)
+        return self._logprobs.setdefault(index, CompletionLogprobs(self.text_of, self.k)).of(ids, logprobs)
 
     def _echo(self, index: int) -> str:
         return self.echoes[index // self.per_prompt] if self.echoes else ""
@@ -78,11 +79,12 @@ class ChatChoices:
     kind = "chat.completion"
 
     def __init__(self, ctx: ServerContext, body: ChatRequest):
-        self.ctx, self.k, self.per_prompt = ctx, body.top_logprobs or 0, body.n
+        self.k, self.per_prompt = body.top_logprobs or 0, body.n
         self.with_logprobs = body.logprobs
+        self.text_of = token_text(ctx.tokenizer, body.return_tokens_as_token_ids)
 
     def _lp(self, ids, logprobs) -> dict | None:
-        return chat_logprobs(self.ctx.tokenizer, self.k, ids, logprobs) if self.with_logprobs else None
+        return chat_logprobs(self.text_of, self.k, ids, logprobs) if self.with_logprobs else None
 
     def opening(self, index: int) -> dict:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}

@@ -88,6 +88,7 @@ class OpenAIParams(BaseModel):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)  # extension (vLLM's)
+    return_tokens_as_token_ids: bool = False  # extension (vLLM's): logprobs name tokens "token_id:ID"
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
