@@ -3,7 +3,8 @@
 Rows with identical SamplingParams are sampled together. Per request the sampler keeps:
 - its own generator when it has a seed (made at its first sampled token), so that a seeded request
   draws the same tokens alone or in any batch; it survives a preemption (the draws go on where they
-  were) and goes once the request has ended;
+  were) and goes at the request's last release (finished), or, for a request aborted while running
+  (the engine releases it before it is marked ended), at the next sweep of ended requests;
 - for a penalised request, its output token counts and its prompt's tokens on the device (built from
   its ids when it is prefilled, one count more per sampled token), dropped at every release (a
   preempted request's are rebuilt at its next prefill from the same ids).
@@ -30,6 +31,8 @@ class _Seen:
 
 
 class BatchSampler:
+    """Samples a batch's rows, each request with its own parameters (the default where it has none)."""
+
     def __init__(self, default: SamplingParams, shared: torch.Generator, vocab_size: int, device: torch.device):
         self.default, self.shared, self.vocab_size, self.device = default, shared, vocab_size, device
         self._generators: dict[int, tuple[Request, torch.Generator]] = {}
@@ -80,7 +83,7 @@ class BatchSampler:
         """Output counts and prompt membership of these requests, [B, V] each (new tensors: the caller may write them)."""
         missing = [r for r in reqs if r.rid not in self._seen]
         if missing:
-            output, prompt = self._count(r.output_ids for r in missing), self._count(r.prompt_ids or () for r in missing) > 0
+            output, prompt = self._count(r.output_ids for r in missing), self._count(() if r.prompt_ids is None else r.prompt_ids for r in missing) > 0
             self._seen.update((r.rid, _Seen(o, q)) for r, o, q in zip(missing, output, prompt))
         seen = [self._seen[r.rid] for r in reqs]
         return torch.stack([s.output for s in seen]), torch.stack([s.prompt for s in seen])

@@ -158,3 +158,33 @@ def test_generators_and_counts_go_when_requests_end():
     backend = tiny_backend(pool=60)
     run(backend, SEEDED, new=16, pool=60, admission="optimistic")
     assert backend.sampler._generators == {} and backend.sampler._seen == {}
+
+
+def test_a_preempted_request_keeps_its_generator_while_aborted_ones_are_swept():
+    """The engine releases a running request before it marks it aborted; such generators must not pile up,
+    while a preempted request's (released, then waiting) survives every sweep."""
+    from slora_vtc.model.sampler import MIN_SWEEP
+
+    sampler = BatchSampler(SamplingParams(), torch.Generator(), 4, torch.device("cpu"))
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    logits = torch.zeros((1, 4))
+
+    def started(rid: int) -> Request:
+        req = Request("a", 1, 10, 0.0, rid=rid, prompt_ids=[1], sampling=seeded, state=State.RUNNING)
+        sampler.sample([req], logits)
+        return req
+
+    preempted = started(0)
+    sampler.release(preempted)
+    preempted.state = State.WAITING
+    generator = sampler._generators[0][1]
+    for rid in range(1, 20 * MIN_SWEEP):
+        req = started(rid)
+        sampler.release(req)
+        req.state = State.ABORTED
+        assert len(sampler._generators) <= 2 * MIN_SWEEP + 2
+    assert sampler._generators[0][1] is generator
+    preempted.state = State.RUNNING
+    preempted.generated = preempted.max_new_tokens  # finished: its last release drops it
+    sampler.release(preempted)
+    assert 0 not in sampler._generators
