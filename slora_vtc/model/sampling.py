@@ -72,3 +72,19 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     probs = ordered.softmax(-1)
     drop = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reaches top_p
     return logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [B, V] of rows sharing `params`; output_counts [B, V]: each token's occurrences in the row's
+    output; prompt_seen [B, V]: whether it occurs in the prompt. The repetition penalty (HF's and vLLM's)
+    covers prompt and output, the presence and frequency penalties (OpenAI's) the output only."""
+    logits = logits.float()
+    in_output = output_counts > 0
+    if params.repetition_penalty != 1:
+        scaled = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        logits = torch.where(prompt_seen | in_output, scaled, logits)
+    if params.frequency_penalty:
+        logits = logits - params.frequency_penalty * output_counts
+    if params.presence_penalty:
+        logits = logits - params.presence_penalty * in_output
+    return logits
