@@ -3,15 +3,23 @@ stop_token_ids, n and best_of, several prompts, echo, seed, logprobs (completion
 penalties. Expected values come from the unstopped output cut by hand, from single requests, or
 from a transformers model run by hand (logprobs, penalties)."""
 
+import asyncio
 import json
 import time
 
 import httpx2
 import pytest
 import torch
+from conftest import make_engine, req
+from hypothesis import given
+from hypothesis import strategies as st
 from llama_util import hf_logits, save_hf_llama
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError, OpenAI, RateLimitError
 from server_util import running_server
+
+from slora_vtc.request import State
+from slora_vtc.sched import build_scheduler
+from slora_vtc.server.stops import StopMatcher
 
 POOL = 2000
 TINY_SPECIALS = (1, 2)  # tiny's BOS and EOS; its byte tokenizer: id = byte (a vocabulary of 256 leaves no room for an offset)
@@ -53,6 +61,37 @@ def counts(server, user: str) -> tuple[float, float]:
 
 
 PROMPT = [1, 40, 41, 42]
+
+
+# -- the pieces: stop matching, Engine.finish ------------------------------------------------------
+@given(st.lists(st.text("ab\u00e9", max_size=4), max_size=8), st.lists(st.text("ab\u00e9", min_size=1, max_size=3), max_size=3))
+def test_stop_matcher_equals_cutting_the_whole_text_at_the_first_stop(pieces, stops):
+    whole = "".join(pieces)
+    hits = [i for s in stops if (i := whole.find(s)) >= 0]
+    matcher = StopMatcher(tuple(stops))
+    out = "".join(matcher.push(p) for p in pieces)
+    if hits:
+        assert out == whole[: min(hits)] and matcher.matched is not None
+    else:
+        assert out + matcher.flush() == whole and matcher.matched is None
+
+
+def test_engine_finish_ends_a_running_and_a_waiting_request_as_finished():
+    engine = make_engine(build_scheduler("vtc", ["a", "b"]), max_wait_steps=100)
+    reqs = [req("a", 10, 50), req("b", 10, 5, arrival=0.5), req("b", 10, 5, arrival=0.5)]
+
+    def on_step():
+        if engine.clock.now() == pytest.approx(1.5):
+            engine.finish(reqs[0])  # running
+            engine.finish(reqs[2])  # waiting: admission is every 100 steps
+            engine.finish(reqs[0])  # ended already: nothing happens
+
+    engine.run(reqs, on_step=on_step)
+    assert [r.state for r in reqs] == [State.FINISHED] * 3
+    assert reqs[0].stopped and 0 < reqs[0].generated < 50
+    assert reqs[2].generated == 0
+    assert engine.memory.pool.num_free == engine.memory.pool.size and all(r.kv_slots == [] for r in reqs)
+    assert not engine.running and engine.scheduler.num_waiting() == 0
 
 
 # -- stop strings and stop tokens ----------------------------------------------------------------
@@ -168,6 +207,35 @@ def test_disconnecting_from_an_n_3_stream_aborts_all_three(server):
     assert counts(server, "n-leaver") == (0, 3)
 
 
+def test_disconnecting_from_an_n_3_request_aborts_all_three(server):
+    body = {"prompt": [1, 2, 3], "max_tokens": 600, "n": 3, "ignore_eos": True, "user": "n-quitter"}
+
+    async def leave_once_running():
+        async with httpx2.AsyncClient(timeout=30) as http:
+            call = asyncio.ensure_future(http.post(f"{server.url}/v1/completions", json=body))
+            while server.per_client("client_running").get("n-quitter", 0) < 3:
+                await asyncio.sleep(0.01)
+            call.cancel()
+
+    asyncio.run(leave_once_running())
+    deadline = time.monotonic() + 20
+    while server.per_client("requests_aborted_total").get("n-quitter", 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counts(server, "n-quitter") == (0, 3)
+
+
+def test_one_refused_sequence_ends_the_others(tmp_path):
+    clients = tmp_path / "clients.toml"
+    clients.write_text("[default]\nrpm = 2\n")
+    with running_server(pool_tokens=POOL, clients_file=str(clients)) as srv:
+        client = OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(RateLimitError):
+            client.completions.create(model="tiny", prompt=[1, 2], n=3, max_tokens=50, user="greedy", extra_body={"ignore_eos": True})
+        m = srv.wait_idle()
+        assert m['slora_requests_rejected_total{client="greedy"}'] == 1
+        assert m['slora_requests_aborted_total{client="greedy"}'] + m['slora_requests_finished_total{client="greedy"}'] == 2
+
+
 # -- refused by name ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("body, expected", [
     ({"prompt": "x", "n": 2, "best_of": 1}, "best_of (1) must be at least n (2)"),
@@ -252,6 +320,12 @@ def test_completion_logprobs_zero_and_k_match_transformers(hf):
         # greedy: the chosen token is the most likely, so "chosen + the 3 most likely" has 3 entries
         assert ids_of(list(top)) == best3.indices.tolist()
         assert list(top.values()) == pytest.approx(best3.values.tolist(), abs=1e-3)
+    chunks = list(client.completions.create(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=3,
+                                            stream=True, extra_body=AS_IDS))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == r3.choices[0].logprobs.tokens
+    assert [o for p in parts for o in p.text_offset] == r3.choices[0].logprobs.text_offset  # offsets run on across chunks
+    assert [t for p in parts for t in p.top_logprobs] == r3.choices[0].logprobs.top_logprobs
     srv.wait_idle()
 
 
