@@ -165,6 +165,10 @@ class Generation:
     def _take(self, event: Tokens) -> Delta:
         """The event's tokens up to a stop string, one by one (to know which token completed it).
         A stop token's own text is left out, as vLLM does."""
+        if not self._stops.stops:  # one decode for the event; a stop token can only be its last id
+            ids = event.ids
+            self.ids.extend(ids)
+            return Delta(ids, self._decoder.push(list(ids[:-1] if ids[-1] in self._stop_ids else ids)), event.logprobs)
         texts, taken = [], 0
         for token in event.ids:
             taken += 1
