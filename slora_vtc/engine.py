@@ -231,7 +231,8 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self._release(req)
+        self.memory.release(req)
+        self.backend.release(req, preempted=True)
         req.state = State.WAITING
         req.preemptions += 1
         self.scheduler.on_preempt(req, self.clock.now())

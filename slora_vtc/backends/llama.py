@@ -142,9 +142,9 @@ class LlamaBackend(ModelBackend):
     def decode(self, reqs: list[Request]) -> StepResult:
         return self._timed(self._decode, reqs)
 
-    def release(self, req: Request) -> None:
+    def release(self, req: Request, preempted: bool = False) -> None:
         self.rows.remove(req.rid)
-        self.sampler.release(req)
+        self.sampler.release(req, preempted)
 
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters

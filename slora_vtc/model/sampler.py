@@ -3,8 +3,7 @@
 Rows with identical SamplingParams are sampled together. Per request the sampler keeps:
 - its own generator when it has a seed (made at its first sampled token), so that a seeded request
   draws the same tokens alone or in any batch; it survives a preemption (the draws go on where they
-  were) and goes at the request's last release (finished), or, for a request aborted while running
-  (the engine releases it before it is marked ended), at the next sweep of ended requests;
+  were) and goes when the request leaves for good (finished or aborted);
 - for a penalised request, its output token counts and its prompt's tokens on the device (built from
   its ids when it is prefilled, one count more per sampled token), dropped at every release (a
   preempted request's are rebuilt at its next prefill from the same ids).
@@ -18,8 +17,6 @@ import torch
 
 from slora_vtc.model.sampling import SEED_RANGE, SamplingParams, apply_penalties, sample
 from slora_vtc.request import Request, TokenLogprob
-
-MIN_SWEEP = 64  # generators kept before the first sweep for requests that ended without a final release
 
 
 @dataclass
@@ -35,9 +32,8 @@ class BatchSampler:
 
     def __init__(self, default: SamplingParams, shared: torch.Generator, vocab_size: int, device: torch.device):
         self.default, self.shared, self.vocab_size, self.device = default, shared, vocab_size, device
-        self._generators: dict[int, tuple[Request, torch.Generator]] = {}
+        self._generators: dict[int, torch.Generator] = {}
         self._seen: dict[int, _Seen] = {}
-        self._sweep_at = MIN_SWEEP
 
     def sample(self, reqs: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
         """logits [B, V], one row per request -> next token per row [B], and each row's logprobs (None where not asked)."""
@@ -50,14 +46,11 @@ class BatchSampler:
             nxt[rows] = self._sample_group([reqs[i] for i in rows], logits[rows], p)
         return nxt, self._logprobs(params, logits, nxt)
 
-    def release(self, req: Request) -> None:
-        """The request left the running batch: finished, aborted, or preempted (then it keeps its generator)."""
+    def release(self, req: Request, preempted: bool = False) -> None:
+        """The request left the running batch: for good, or preempted (then it keeps its generator)."""
         self._seen.pop(req.rid, None)
-        if req.done or req.ended:
+        if not preempted:
             self._generators.pop(req.rid, None)
-        elif len(self._generators) > self._sweep_at:  # an aborted request ends after its release: drop those now and then
-            self._generators = {rid: rg for rid, rg in self._generators.items() if not rg[0].ended}
-            self._sweep_at = max(MIN_SWEEP, 2 * len(self._generators))
 
     # -- one group of rows that share their parameters ---------------------------------------------
     def _sample_group(self, reqs: list[Request], logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -76,8 +69,8 @@ class BatchSampler:
 
     def _generator(self, req: Request, seed: int) -> torch.Generator:
         if req.rid not in self._generators:
-            self._generators[req.rid] = (req, torch.Generator(device=self.device).manual_seed(seed % SEED_RANGE))
-        return self._generators[req.rid][1]
+            self._generators[req.rid] = torch.Generator(device=self.device).manual_seed(seed % SEED_RANGE)
+        return self._generators[req.rid]
 
     def _seen_rows(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         """Output counts and prompt membership of these requests, [B, V] each (new tensors: the caller may write them)."""

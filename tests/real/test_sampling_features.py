@@ -160,31 +160,17 @@ def test_generators_and_counts_go_when_requests_end():
     assert backend.sampler._generators == {} and backend.sampler._seen == {}
 
 
-def test_a_preempted_request_keeps_its_generator_while_aborted_ones_are_swept():
-    """The engine releases a running request before it marks it aborted; such generators must not pile up,
-    while a preempted request's (released, then waiting) survives every sweep."""
-    from slora_vtc.model.sampler import MIN_SWEEP
-
+def test_a_preempted_request_keeps_its_generator_and_others_lose_theirs():
+    """Released as preempted: the generator stays (its draws go on); released for good: it goes."""
     sampler = BatchSampler(SamplingParams(), torch.Generator(), 4, torch.device("cpu"))
     seeded = SamplingParams(temperature=1.0, seed=3)
     logits = torch.zeros((1, 4))
-
-    def started(rid: int) -> Request:
-        req = Request("a", 1, 10, 0.0, rid=rid, prompt_ids=[1], sampling=seeded, state=State.RUNNING)
+    preempted, aborted = (Request("a", 1, 10, 0.0, rid=rid, prompt_ids=[1], sampling=seeded, state=State.RUNNING) for rid in (0, 1))
+    for req in (preempted, aborted):
         sampler.sample([req], logits)
-        return req
-
-    preempted = started(0)
+    generator = sampler._generators[0]
+    sampler.release(preempted, preempted=True)
+    sampler.release(aborted)
+    assert sampler._generators == {0: generator}
     sampler.release(preempted)
-    preempted.state = State.WAITING
-    generator = sampler._generators[0][1]
-    for rid in range(1, 20 * MIN_SWEEP):
-        req = started(rid)
-        sampler.release(req)
-        req.state = State.ABORTED
-        assert len(sampler._generators) <= 2 * MIN_SWEEP + 2
-    assert sampler._generators[0][1] is generator
-    preempted.state = State.RUNNING
-    preempted.generated = preempted.max_new_tokens  # finished: its last release drops it
-    sampler.release(preempted)
-    assert 0 not in sampler._generators
+    assert sampler._generators == {}
