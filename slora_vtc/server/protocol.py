@@ -97,6 +97,7 @@ class OpenAIParams(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}  # null means not given (`"n": null` is n = 1)
             for name, unused in cls.unsupported.items():
                 value = data.get(name)
                 if value is not None and not any(value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused):

@@ -270,6 +270,16 @@ def test_bad_chat_feature_values(server, body, expected):
     assert expected in r.json()["error"]["message"]
 
 
+def test_null_means_not_given(server):
+    body = {"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True, "n": None, "logprobs": None, "stop": None, "seed": None,
+            "presence_penalty": None, "best_of": None, "echo": None}
+    r = httpx2.post(f"{server.url}/v1/completions", json=body)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1 and r.json()["choices"][0]["logprobs"] is None
+    r = httpx2.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                                               "logprobs": None, "top_logprobs": None, "n": None})
+    assert r.status_code == 200, r.text
+
+
 def test_openai_client_refuses_streaming_best_of(client):
     with pytest.raises(BadRequestError, match="cannot be streamed"):
         client.completions.create(model="tiny", prompt="x", best_of=2, stream=True)
