@@ -47,7 +47,7 @@ class CompletionChoices:
         self._logprobs: dict[int, CompletionLogprobs] = {}
 
     def _lp(self, index: int, ids, logprobs) -> dict | None:
-        if self.k is None:
+        if self.k is None or not ids:
             return None
         return self._logprobs.setdefault(index, CompletionLogprobs(self.text_of, self.k)).of(ids, logprobs)
 
@@ -84,7 +84,7 @@ class ChatChoices:
         self.text_of = token_text(ctx.tokenizer, body.return_tokens_as_token_ids)
 
     def _lp(self, ids, logprobs) -> dict | None:
-        return chat_logprobs(self.text_of, self.k, ids, logprobs) if self.with_logprobs else None
+        return chat_logprobs(self.text_of, self.k, ids, logprobs) if self.with_logprobs and ids else None
 
     def opening(self, index: int) -> dict:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
