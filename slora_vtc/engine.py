@@ -77,7 +77,7 @@ class Engine:
         elif not self.scheduler.remove(req):
             return
         else:
-            self.memory.forget(req)
+            self._forget_waiting(req)
         self._end(req, State.ABORTED, reason)
         self.memory.evict_unused(self.running)
 
@@ -88,7 +88,7 @@ class Engine:
             req.stopped = True
             self._retire([req])
         elif self.scheduler.remove(req):  # preempted and waiting again: it keeps what it generated
-            self.memory.forget(req)
+            self._forget_waiting(req)
             req.stopped = True
             self._end(req, State.FINISHED)
 
@@ -237,6 +237,11 @@ class Engine:
         req.preemptions += 1
         self.scheduler.on_preempt(req, self.clock.now())
         self.memory.evict_unused(self.running)
+
+    def _forget_waiting(self, req: Request) -> None:
+        """A waiting request leaves for good: what memory and backend kept for it since a preemption goes too."""
+        self.memory.forget(req)
+        self.backend.release(req)
 
     def _release(self, req: Request, keep_cache: bool = True) -> None:
         self.memory.release(req, keep_cache)
