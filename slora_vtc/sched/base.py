@@ -80,6 +80,13 @@ class Scheduler(ABC):
         """Each known client's service counter (read-only; for monitoring). Empty without counters."""
         return {}
 
+    def forget(self, client: str, now: float) -> bool:
+        """Drop what is kept for a client with nothing waiting or running, where dropping it cannot
+        change any later decision (each scheduler's docstring says when). True: nothing more can be
+        dropped; False: ask again later (some of it may become droppable). The default, for
+        schedulers without per-client state: True."""
+        return True
+
 
 def arrival_key(req: Request) -> tuple[float, int]:
     """The order requests arrived in (rid breaks ties, as the engine numbers them in order)."""
