@@ -72,6 +72,9 @@ class DLPM(FCFS):
     def counters(self) -> dict[str, float]:
         return self.deficits()
 
+    def counter(self, client: str) -> float | None:
+        return self._deficit.get(client, 0.0)
+
     def _active(self, client: str) -> bool:
         return self._waiting[client] + self._running[client] > 0
 

@@ -89,6 +89,12 @@ class RateLimited(Scheduler):
     def counters(self) -> dict[str, float]:
         return self.inner.counters()
 
+    def counter(self, client: str) -> float | None:
+        return self.inner.counter(client)
+
+    def weight(self, client: str) -> float:
+        return self.inner.weight(client)
+
     def forget(self, client: str, now: float) -> bool:
         if client in self._accepted:
             if self._recent(client, now):

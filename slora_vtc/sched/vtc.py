@@ -132,6 +132,9 @@ class VTC(Scheduler):
     def counters(self) -> dict[str, float]:
         return {name: c.counter for name, c in self._clients.items()}
 
+    def weight(self, client: str) -> float:
+        return self._clients[client].weight if client in self._clients else self.weights.get(client, 1.0)
+
     def min_waiting_client(self) -> str | None:
         """The waiting client with the smallest counter (None when nobody waits); O(log clients)."""
         return self._min_waiting()
