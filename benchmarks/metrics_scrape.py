@@ -7,7 +7,10 @@ scrapes /metrics a few times, one after another. The largest gap between two chu
 during the scrapes is compared with the largest gap in as long a stretch without scrapes.
 Writes benchmarks/results/metrics_scrape.json.
 
-    .venv/bin/python benchmarks/metrics_scrape.py [--clients 5000] [--scrapes 5]
+    .venv/bin/python benchmarks/metrics_scrape.py [--clients 5000] [--scrapes 5] [--before DIR]
+
+--before DIR also measures the server of another checkout (the code before issue 12, say), the same
+way on the same machine, and records it under "before".
 """
 
 import argparse
@@ -37,10 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+def start_server(port: int, code: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(code)}
     cmd = [sys.executable, "-m", "slora_vtc", "serve", "--model", "tiny", "--port", str(port), "--pool-tokens", "20000"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -89,14 +92,19 @@ def measure(url: str, scrapes: int) -> dict:
     time.sleep(0.5)
     quiet_start = time.perf_counter()
     results = []
+    windows = []
     for _ in range(scrapes):
         t0 = time.perf_counter()
         r = httpx2.get(f"{url}/metrics", timeout=60)
-        results.append({"bytes": len(r.content), "seconds": time.perf_counter() - t0})
+        t1 = time.perf_counter()
+        windows.append((t0, t1))
+        results.append({"bytes": len(r.content), "seconds": t1 - t0})
     scrape_start, scrape_end = quiet_start, time.perf_counter()
     time.sleep(scrape_end - scrape_start)  # as long again without scrapes
     quiet_end = time.perf_counter()
     streamer.join(120)
+    for scrape, (t0, t1) in zip(results, windows):
+        scrape["largest_chunk_gap_s"] = largest_gap(arrivals, t0, t1)
     text = r.text
     labels = {line.split('client="', 1)[1].split('"', 1)[0] for line in text.splitlines() if line.startswith("slora_requests_finished_total{")}
     return {
@@ -111,28 +119,35 @@ def measure(url: str, scrapes: int) -> dict:
     }
 
 
-def git_revision() -> str:
+def git_revision(code: Path) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def run(code: Path, clients: int, scrapes: int) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(port, code)
+    try:
+        made_s = asyncio.run(make_clients(url, clients))
+        return {"git": git_revision(code), "clients": clients, "clients_made_s": made_s, **measure(url, scrapes)}
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=5000)
     parser.add_argument("--scrapes", type=int, default=5)
+    parser.add_argument("--before", type=Path, help="another checkout to measure the same way (recorded as 'before')")
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_server(port)
-    try:
-        made_s = asyncio.run(make_clients(url, args.clients))
-        result = {"clients": args.clients, "clients_made_s": made_s, **measure(url, args.scrapes)}
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "git": git_revision(),
+    result = run(ROOT, args.clients, args.scrapes)
+    if args.before:
+        result["before"] = run(args.before.resolve(), args.clients, args.scrapes)
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                          "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")

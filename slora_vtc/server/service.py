@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -117,15 +117,14 @@ class EngineService:
         engine.on_end = self._on_end
         self.clock = engine.clock
         self.client_idle_s = client_idle_s
-        self.stats = ServerStats(max_client_labels)  # engine thread only
+        self.stats = ServerStats(max_client_labels, self.clock.now)  # engine thread only
         self.error: str | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         # orders `closed` against puts, so no command is left unanswered; re-entrant because a
         # signal handler may call stop() while the same thread is inside _send
         self._lock = threading.RLock()
         self._closed = False
-        self._live = LiveRequests(self._busy, self._idle_now)
-        self._idle: OrderedDict[str, float] = OrderedDict()  # idle clients -> since when (engine clock), oldest first
+        self._live = LiveRequests(self.stats.begin, self.stats.end)
         self._outbox: list[tuple[Subscriber, Event]] = []
         self._stop_at: float | None = None  # monotonic deadline of the shutdown drain
         self._thread = threading.Thread(target=self._run, name="slora-engine", daemon=True)
@@ -188,7 +187,7 @@ class EngineService:
     def _run(self) -> None:
         try:
             while not self._done():
-                self._take_commands(block=not self.engine.busy, timeout=self._until_expiry())
+                self._take_commands(block=not self.engine.busy, timeout=self.stats.until_due(self.client_idle_s))
                 if self.engine.busy and not self._step():
                     self._take_commands(block=True, timeout=STUCK_WAIT_S)
                 self._flush()
@@ -278,31 +277,11 @@ class EngineService:
         )
 
     # -- idle clients ---------------------------------------------------------------------
-    def _busy(self, client: str) -> None:
-        self._idle.pop(client, None)
-        self.stats.begin(client)
-
-    def _idle_now(self, client: str) -> None:
-        if self.stats.end(client):
-            self._idle[client] = self.clock.now()
-
-    def _until_expiry(self) -> float | None:
-        """Seconds until the oldest idle client is due (None: nobody idle), in the clock's seconds."""
-        if not self._idle:
-            return None
-        since = next(iter(self._idle.values()))
-        return max(0.0, since + self.client_idle_s - self.clock.now())
-
     def _housekeeping(self) -> None:
         now = self.clock.now()
-        while self._idle:
-            client, since = next(iter(self._idle.items()))
-            if since + self.client_idle_s > now:
-                break
-            del self._idle[client]
-            self.stats.forget(client)
+        for client in self.stats.due(self.client_idle_s):
             if not self.engine.scheduler.forget(client, now):
-                self._idle[client] = now  # ask the scheduler again after another idle period
+                self.stats.remind(client)  # ask the scheduler again after another idle period
         self.stats.relabel(now)
 
     def _stop(self, drain_s: float) -> None:

@@ -14,7 +14,8 @@ new Prometheus child does. A client named "other" is never labelled (it is part 
 """
 
 from bisect import bisect_left
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from heapq import nlargest
 
@@ -208,10 +209,13 @@ class Snapshot:
 
 
 class ServerStats:
-    """Every client's ClientStats, the total, the labels and the service window (engine thread only)."""
+    """Every client's ClientStats, the total, the labels, the service window, and the idle clients
+    in the order they went idle (engine thread only; `now`: the engine clock)."""
 
-    def __init__(self, max_labels: int = 100, window_s: int = WINDOW_S):
+    def __init__(self, max_labels: int = 100, now: Callable[[], float] = lambda: 0.0, window_s: int = WINDOW_S):
         self.max_labels = max_labels
+        self.now = now
+        self.idle: OrderedDict[str, float] = OrderedDict()  # client -> since when, oldest first
         self.clients: dict[str, ClientStats] = {}
         self.total = ClientStats()
         self.window = ServiceWindow(window_s)
@@ -231,6 +235,7 @@ class ServerStats:
         stats = self.clients.get(client)
         if stats is None:
             stats = self.clients[client] = ClientStats()
+            self.idle[client] = self.now()  # idle until a request of it enters (a refusal before may count it)
             if len(self.labels) < self.max_labels and client != OTHER:
                 self.labels[client] = ClientStats()
         return stats, self.total
@@ -240,6 +245,7 @@ class ServerStats:
         stats, total = self.both(client)
         stats.live += 1
         total.live += 1
+        self.idle.pop(client, None)
         self.window.set_live(client, True)
         return stats.live == 1
 
@@ -250,7 +256,30 @@ class ServerStats:
         total.live -= 1
         if stats.live == 0:
             self.window.set_live(client, False)
+            self.idle[client] = self.now()
         return stats.live == 0
+
+    def until_due(self, idle_s: float) -> float | None:
+        """Seconds until the oldest idle client is due (None: nobody is idle)."""
+        if not self.idle:
+            return None
+        return max(0.0, next(iter(self.idle.values())) + idle_s - self.now())
+
+    def due(self, idle_s: float) -> list[str]:
+        """Forget the clients idle for idle_s or longer (the total keeps their numbers); their names."""
+        now, due = self.now(), []
+        while self.idle:
+            client, since = next(iter(self.idle.items()))
+            if since + idle_s > now:
+                break
+            del self.idle[client]
+            self.forget(client)
+            due.append(client)
+        return due
+
+    def remind(self, client: str) -> None:
+        """Put a forgotten client back in line (its scheduler state may go after another idle period)."""
+        self.idle[client] = self.now()
 
     def served(self, client: str, input_tokens: int, cached: int, output_tokens: int, now: float) -> None:
         for stats in self.both(client):

@@ -153,6 +153,16 @@ def test_labels_move_to_the_busiest_and_every_series_only_grows():
     assert stats.total.input_tokens == 9 and stats.total.finished == 3
 
 
+def test_a_client_only_ever_refused_is_forgotten_too_and_the_total_keeps_it():
+    clock = VirtualClock()
+    stats = ServerStats(max_labels=2, now=clock.now)
+    stats["x"].rejected += 1  # refused before it ever had a request in the server (shutdown, overload)
+    assert stats.total.rejected == 1 and stats.until_due(600.0) == 600.0
+    clock.advance(600.0)
+    assert stats.due(600.0) == ["x"] and "x" not in stats and stats.total.rejected == 1
+    assert stats.labelled()["other"].rejected == 1
+
+
 def test_jain_index_over_the_window_by_hand():
     window = ServiceWindow(window_s=60)
     window.add("a", 10, now=0.5)
