@@ -71,7 +71,7 @@ async def make_clients(url: str, n: int) -> float:
 
 
 def stream_chunks(url: str, arrivals: list[float], started: threading.Event) -> None:
-    body = {"prompt": "stream", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    body = {"prompt": "stream", "max_tokens": 4000, "stream": True, "ignore_eos": True}
     with httpx2.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": "streamer"}, timeout=120) as r:
         for _ in r.iter_raw():
             arrivals.append(time.perf_counter())

@@ -13,7 +13,8 @@ been forgotten:
   the last to leave the queue, keeps a counter >= B = min(the floor now, the counters of the
   clients now running, the last to leave's counter): counters only grow, a lifted arrival
   starts at >= the floor, the admitted (and a preempted one, back in the queue) were at >= B
-  already. So every later floor is >= B, and c <= B makes dropping c exact. Otherwise (c > B,
+  already, removing a waiting request only shrinks the set. Once a client has left the queue
+  there always is a floor, so every later floor is >= B, and c <= B makes dropping c exact. Otherwise (c > B,
   Lift.ARTIFACT or Lift.NONE where an idle client keeps its counter, refunds with a predictor,
   counters overwritten by a router) the counter is kept: forget returns False only where a later
   call may still drop it (c > B under those rules; B only grows).
@@ -400,9 +401,10 @@ class VTC(Scheduler):
         return not recoverable
 
     def _lowest_floor(self, running: set[str]) -> float | None:
-        """B of the module docstring: no later floor is below it (None: there may be no floor)."""
+        """B of the module docstring: no later floor is below it (None: there may be no floor,
+        which is so until a client first leaves the queue: waiting clients may all be removed)."""
         floor = self._floor()
-        if floor is None:
+        if floor is None or (self._last_left is None and self._left_counter is None):
             return None
         left = self._left_counter if self._last_left is None else self._clients[self._last_left].counter
         return min([floor, *(self._clients[name].counter for name in running), *(() if left is None else (left,))])

@@ -24,12 +24,15 @@ class World:
     sched: object
     running: list[Request] = field(default_factory=list)
     waiting: dict[str, int] = field(default_factory=dict)  # per client, queued in the scheduler
+    arrived: list[Request] = field(default_factory=list)
     now: float = 0.0
 
     def arrive(self, rid: int, client: str, prompt: int, output: int) -> bool:
-        accepted = self.sched.on_arrival(Request(client, prompt, output, self.now, rid=rid), self.now)
+        req = Request(client, prompt, output, self.now, rid=rid)
+        accepted = self.sched.on_arrival(req, self.now)
         if accepted:
             self.waiting[client] = self.waiting.get(client, 0) + 1
+            self.arrived.append(req)
         return accepted
 
     def select(self, room: int) -> list[int]:
@@ -57,11 +60,30 @@ class World:
             self.sched.on_preempt(victim, self.now)
             self.waiting[victim.client] += 1
 
+    def abort(self, k: int) -> None:
+        """End the k-th (mod how many) request in the scheduler, waiting or running, by rid."""
+        live = sorted([*self.queued(), *self.running], key=lambda r: r.rid)
+        if not live:
+            return
+        req = live[k % len(live)]
+        req.state = State.ABORTED
+        if req in self.running:
+            self.running.remove(req)
+            self.sched.on_abort(req, self.now)
+        else:
+            assert self.sched.remove(req)
+            self.waiting[req.client] -= 1
+
+    def queued(self) -> list[Request]:
+        return [r for r in self.arrived if r.state is State.WAITING and r not in self.running]
+
     def idle(self, client: str) -> bool:
         return not self.waiting.get(client) and not any(r.client == client for r in self.running)
 
     def _retire(self, batch: list[Request]) -> None:
         done = [r for r in batch if r.done]
+        for req in done:
+            req.state = State.FINISHED
         if done:
             self.sched.on_finish(done, batch, self.now)
             self.running = [r for r in self.running if not r.done]
@@ -72,6 +94,7 @@ OPS = st.one_of(
     st.tuples(st.just("select"), st.integers(0, 14)),
     st.tuples(st.just("decode")),
     st.tuples(st.just("preempt")),
+    st.tuples(st.just("abort"), st.integers(0, 20)),
     st.tuples(st.just("forget")),  # every idle client, as the server's expiry does
     st.tuples(st.just("wait"), st.integers(1, 40)),
 )
@@ -93,6 +116,9 @@ def replay(make, ops, state_of) -> int:
         elif op[0] == "preempt":
             kept.preempt()
             forgetful.preempt()
+        elif op[0] == "abort":
+            kept.abort(op[1])
+            forgetful.abort(op[1])
         elif op[0] == "wait":
             kept.now += op[1]
             forgetful.now += op[1]
@@ -162,6 +188,20 @@ def test_a_returner_keeps_its_registration_order_for_the_tie_its_lift_makes():
     assert vtc.forget("a", 1.0)  # 2 <= B = 2
     world.arrive(2, "a", 1, 1)  # a returns: lifted to b's 2, a tie that the earlier registration wins
     assert world.select(100) == [2, 1]
+
+
+def test_no_counter_is_dropped_before_a_client_has_left_the_queue():
+    vtc = VTC()
+    world = World(vtc)
+    world.arrive(0, "a", 3, 1)
+    world.arrive(1, "a", 3, 1)
+    assert world.select(3) == [0]  # a: 3, its second request still waits: nobody has left the queue
+    world.arrive(2, "b", 9, 1)  # b lifted to a's 3
+    world.abort(0)  # a's second request leaves by removal: a is idle, and still no client ever left the queue
+    assert vtc.forget("a", 0.0) is False and vtc._kept == {"a": 3.0}  # the floor is b's 3 now, but none once b goes
+    world.abort(0)  # b removed too: nobody waits and nobody left, so a return is not lifted at all
+    world.arrive(3, "a", 1, 1)
+    assert vtc.counter("a") == 3.0  # as a never-forgetting VTC: its own 3, not 0
 
 
 def test_lcf_keeps_an_idle_clients_low_counter():
