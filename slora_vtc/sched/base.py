@@ -80,11 +80,11 @@ class Scheduler(ABC):
         """Each known client's service counter (read-only; for monitoring). Empty without counters."""
         return {}
 
-    def counter(self, client: str) -> float | None:
+    def counter_of(self, client: str) -> float | None:
         """One client's service counter (for monitoring); None for schedulers without counters."""
         return None
 
-    def weight(self, client: str) -> float:
+    def weight_of(self, client: str) -> float:
         """One client's share weight (for monitoring); 1 for schedulers without weights."""
         return 1.0
 

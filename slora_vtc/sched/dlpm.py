@@ -72,7 +72,7 @@ class DLPM(FCFS):
     def counters(self) -> dict[str, float]:
         return self.deficits()
 
-    def counter(self, client: str) -> float | None:
+    def counter_of(self, client: str) -> float | None:
         return self._deficit.get(client, 0.0)
 
     def _active(self, client: str) -> bool:

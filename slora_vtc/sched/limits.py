@@ -89,11 +89,11 @@ class RateLimited(Scheduler):
     def counters(self) -> dict[str, float]:
         return self.inner.counters()
 
-    def counter(self, client: str) -> float | None:
-        return self.inner.counter(client)
+    def counter_of(self, client: str) -> float | None:
+        return self.inner.counter_of(client)
 
-    def weight(self, client: str) -> float:
-        return self.inner.weight(client)
+    def weight_of(self, client: str) -> float:
+        return self.inner.weight_of(client)
 
     def forget(self, client: str, now: float) -> bool:
         if client in self._accepted:

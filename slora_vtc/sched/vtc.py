@@ -133,7 +133,10 @@ class VTC(Scheduler):
     def counters(self) -> dict[str, float]:
         return {name: c.counter for name, c in self._clients.items()}
 
-    def weight(self, client: str) -> float:
+    def counter_of(self, client: str) -> float | None:
+        return self.counter(client)
+
+    def weight_of(self, client: str) -> float:
         return self._clients[client].weight if client in self._clients else self.weights.get(client, 1.0)
 
     def min_waiting_client(self) -> str | None:

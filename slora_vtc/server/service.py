@@ -257,12 +257,12 @@ class EngineService:
             name = req.client if req.client in stats.labels else OTHER
             running[name] = running.get(name, 0) + 1
         waiting = {name: s.live - running.get(name, 0) for name, s in clients.items()}
-        counters = {name: engine.scheduler.counter(name) for name in stats.labels}
+        counters = {name: engine.scheduler.counter_of(name) for name in stats.labels}
         counters = {name: value for name, value in counters.items() if value is not None}
         return Snapshot(
             clients=clients,
             counters=counters,
-            weights={name: engine.scheduler.weight(name) for name in counters},
+            weights={name: engine.scheduler.weight_of(name) for name in counters},
             shares=stats.shares(now),
             waiting=waiting,
             running={name: running.get(name, 0) for name in clients},

@@ -308,7 +308,7 @@ class ServerStats:
             del self.labels[client]
         for client in chosen:
             if client not in self.labels:
-                self.labels[client] = self.clients[client].copy()
+                self.labels[client] = replace(self.clients[client].copy(), live=0)  # `live` is a level, not a count
 
     def labelled(self) -> dict[str, ClientStats]:
         """The labelled clients' numbers since they got their label, and OTHER: the total minus them."""

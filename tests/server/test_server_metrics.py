@@ -142,12 +142,14 @@ def test_labels_move_to_the_busiest_and_every_series_only_grows():
     shown = stats.labelled()
     assert {c: s.input_tokens for c, s in shown.items()} == {"a": 1, "b": 1, "other": 5}
     stats.served("b", 2, 0, 0, now=1.0)  # b: 3 in the window, a: 1, c: 5
+    stats.begin("c")  # c has a request in the server as it gets its label
     stats.relabel(now=RELABEL_S)
     assert set(stats.labels) == {"c", "b"}  # a, the least busy, lost its label to c
     shown = stats.labelled()
     # c counts from its label on (0); a's 1 went back into "other", which keeps c's 5 too: 6
     assert {c: s.input_tokens for c, s in shown.items()} == {"b": 3, "c": 0, "other": 6}
     assert {c: s.finished for c, s in shown.items()} == {"b": 1, "c": 0, "other": 2}
+    assert {c: s.live for c, s in shown.items()} == {"b": 0, "c": 1, "other": 0}  # a level: not from the label on
     stats.forget("b")  # b expires: its 3 join "other"
     assert {c: s.input_tokens for c, s in stats.labelled().items()} == {"c": 0, "other": 9}
     assert stats.total.input_tokens == 9 and stats.total.finished == 3
@@ -208,7 +210,8 @@ def test_clients_over_http_expire_and_labels_stay_bounded():
             assert complete(server.url, f"c{i}").status_code == 200
         m = server.wait_idle()
         finished = server.per_client("requests_finished_total")
-        assert len(finished) == 4 and sum(finished.values()) == 8  # c0, c1, c2 and "other"
+        assert len(finished) <= 4 and "other" in finished  # three by name at most (some may have expired already)
+        assert sum(finished.values()) == 8
         deadline = time.monotonic() + 20
         while server.metrics()["slora_known_clients"] and time.monotonic() < deadline:
             time.sleep(0.1)
