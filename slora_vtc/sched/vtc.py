@@ -17,7 +17,8 @@ been forgotten:
   there always is a floor, so every later floor is >= B, and c <= B makes dropping c exact. Otherwise (c > B,
   Lift.ARTIFACT or Lift.NONE where an idle client keeps its counter, refunds with a predictor,
   counters overwritten by a router) the counter is kept: forget returns False only where a later
-  call may still drop it (c > B under those rules; B only grows).
+  call may still drop it (c > B under those rules; B only grows). A predictor's own per-client
+  state (vtc-avg's moving averages) is kept too: a returner is predicted from it.
 """
 
 import heapq
