@@ -162,8 +162,11 @@ class Engine:
 
     def _prefill(self, batch: list[Request]) -> None:
         self.memory.admit(batch)
+        now = self.clock.now()
         for req in batch:
             req.state = State.RUNNING
+            if req.first_admitted is None:
+                req.first_admitted = now
         self.running.extend(batch)
         self._apply(batch, self.backend.prefill(batch))
         self.memory.cache_prefill(r for r in batch if r.state is State.RUNNING)

@@ -52,6 +52,7 @@ class Request:
     cached_tokens: int = 0  # cached_len summed over its prefills (a preempted request is prefilled again)
     preemptions: int = 0
     recomputed: int = 0  # tokens whose K/V were computed again after a preemption
+    first_admitted: float | None = None  # when it was first admitted (its queue time ends)
 
     @property
     def prefill_len(self) -> int:
