@@ -4,10 +4,15 @@ On a signal the engine stops taking requests and serves the in-flight ones for u
 timeout, then aborts the rest: every stream still ends with a final event. uvicorn waits for the
 responses to complete (a little longer than the drain, then it cancels them, which also aborts
 their requests), and the application's lifespan exit joins the engine thread.
+
+A second signal cuts the drain short: everything left is aborted at once, so every stream gets
+its final error event and every other request a 503, and the server exits as soon as those are
+out (at most FLUSH_MARGIN_S later). A third one exits at once, as uvicorn does.
 """
 
 import math
 import signal
+import threading
 
 import uvicorn
 
@@ -22,16 +27,30 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.ctx = ctx
         self.stopped_by: int | None = None  # the signal that stopped the server
+        self.signals = 0
 
     def handle_exit(self, sig, frame) -> None:
-        self.stopped_by = sig
-        self.ctx.service.stop(self.ctx.config.drain_s)
-        super().handle_exit(sig, frame)
+        self.signals += 1
+        if self.signals == 1:
+            self.stopped_by = sig
+            self.ctx.service.stop(self.ctx.config.drain_s)
+            super().handle_exit(sig, frame)
+        elif self.signals == 2:
+            self.ctx.service.stop(0.0)  # abort now; uvicorn's graceful wait ends once the final events are out
+            timer = threading.Timer(FLUSH_MARGIN_S, self._force_exit)
+            timer.daemon = True
+            timer.start()
+        else:
+            self._force_exit()
+
+    def _force_exit(self) -> None:
+        self.force_exit = True  # uvicorn's wait loop reads it
 
 
 def server_for(ctx: ServerContext, **overrides) -> Server:
-    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level="info", lifespan="on",
-                    timeout_graceful_shutdown=math.ceil(ctx.config.drain_s) + FLUSH_MARGIN_S)
+    cfg = ctx.config
+    settings = dict(host=cfg.host, port=cfg.port, log_level="info", lifespan="on", backlog=cfg.backlog,
+                    timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=math.ceil(cfg.drain_s) + FLUSH_MARGIN_S)
     return Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}), ctx)
 
 
