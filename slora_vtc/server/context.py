@@ -88,7 +88,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
-    service = EngineService(_engine(config, engine_config, scheduler, adapters))
+    service = EngineService(_engine(config, engine_config, scheduler, adapters), config.max_waiting)
     return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
 
 

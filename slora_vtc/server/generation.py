@@ -18,10 +18,11 @@ from starlette.background import BackgroundTask
 from slora_vtc.memory import fits_alone
 from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.request import Request
+from slora_vtc.server.admission import refusal
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.service import SHUTTING_DOWN, Accepted, Ended, ServiceStopped, Subscriber, Tokens
+from slora_vtc.server.service import Accepted, Ended, ServiceStopped, Subscriber, Tokens
 from slora_vtc.server.tokenizer import IncrementalDecoder
 
 CLIENT_GONE = "client disconnected"
@@ -108,9 +109,7 @@ class Generation:
             raise
         if isinstance(first, Ended):
             gen.end = first
-            if first.reason == SHUTTING_DOWN or not ctx.service.healthy:
-                raise ApiError(503, first.reason, "service_unavailable")
-            raise ApiError(429, f"request refused: {first.reason}", "rate_limit_error")
+            raise refusal(ctx, request.client, first.reason)  # 429 or 503, with Retry-After
         assert isinstance(first, Accepted)
         return gen
 
