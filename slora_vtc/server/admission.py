@@ -1,4 +1,4 @@
-"""How much work the server takes on at once, and how it says no.
+"""What the server takes on: how much work at once, which adapters a client may name, and how it says no.
 
 Two bounds keep an overloaded server answering rather than queueing without end:
 
@@ -10,6 +10,7 @@ Two bounds keep an overloaded server answering rather than queueing without end:
 
 Every refusal is answered in OpenAI's error shape with a Retry-After header: 503 for these two
 bounds, 429 for a client over its RPM limit, and counts as a rejected request of its client.
+An adapter is named, never given as a path (see clients.py for who may name which).
 uvicorn's own `limit_concurrency` is not used: its 503 is plain text, and it counts idle
 keep-alive connections as if they were requests.
 """
@@ -20,6 +21,7 @@ from functools import partial
 from fastapi.responses import JSONResponse
 from starlette.requests import Request as HttpRequest
 
+from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import caller
 from slora_vtc.server.errors import ApiError, error_body
@@ -28,6 +30,18 @@ from slora_vtc.server.service import QUEUE_FULL, SHUTTING_DOWN, EngineService, S
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 OVERLOAD_RETRY_S = 1  # a full server frees slots within a few decode steps
 RPM_WINDOW_S = 60
+
+
+def check_adapter(ctx: ServerContext, client: ClientConfig, adapter: str) -> None:
+    """Only a served adapter, by name (never a path: nothing is loaded for a request), and with API keys
+    only one the client's entry allows."""
+    if adapter not in ctx.adapters:
+        known = ", ".join(ctx.adapters.names) or "none: this server was started without --lora or --dummy-adapters"
+        raise ApiError(400, f"unknown LoRA adapter '{adapter}' (known: {known})")
+    allowed = ctx.clients.allowed_adapters(client)
+    if allowed is not None and adapter not in allowed:
+        raise ApiError(403, f"client '{client.name}' may not use the LoRA adapter '{adapter}' (its clients-file entry allows: "
+                            f"{', '.join(allowed) or 'none'})", "permission_error", "adapter_not_allowed")
 
 
 def overloaded(message: str) -> ApiError:

@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 from slora_vtc.memory import fits_alone
 from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.request import Request
-from slora_vtc.server.admission import refusal
+from slora_vtc.server.admission import check_adapter, refusal
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
@@ -59,11 +59,11 @@ def sampling(temperature: float, top_p: float, top_k: int) -> SamplingParams:
 
 def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_tokens: int, params: SamplingParams,
                 ignore_eos: bool, adapter: str | None) -> Request:
-    """A Request that the engine can serve, or ApiError(400) saying why it never could."""
+    """A Request that the engine can serve, or ApiError saying why it never could (400), or why this client may
+    not have it (403: an adapter its clients-file entry does not allow)."""
     n, context = len(ids), ctx.spec.max_position
-    if adapter is not None and adapter not in ctx.adapters:
-        known = ", ".join(ctx.adapters.names) or "none: this server was started without --lora or --dummy-adapters"
-        raise ApiError(400, f"unknown LoRA adapter '{adapter}' (known: {known})")
+    if adapter is not None:
+        check_adapter(ctx, client, adapter)
     if n + max_tokens > context:
         raise ApiError(400, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens")
     req = Request(client.name, n, max_tokens, ctx.service.clock.now(), adapter=adapter, prompt_ids=ids,
