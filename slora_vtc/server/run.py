@@ -12,7 +12,9 @@ out (at most FLUSH_MARGIN_S later). A third one exits at once, as uvicorn does.
 
 import math
 import signal
+import sys
 import threading
+from pathlib import Path
 
 import uvicorn
 
@@ -54,10 +56,27 @@ def server_for(ctx: ServerContext, **overrides) -> Server:
     return Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}), ctx)
 
 
+def backlog_note(backlog: int, somaxconn: Path = Path("/proc/sys/net/core/somaxconn")) -> str | None:
+    """A warning when the kernel caps the listen backlog below --backlog. Beyond about twice the backlog of
+    connections not yet accepted, Linux answers with SYN cookies that fail while the accept queue is full,
+    and those clients get a reset their request never reached the server with."""
+    try:
+        cap = int(somaxconn.read_text())
+    except (OSError, ValueError):
+        return None
+    if cap >= backlog:
+        return None
+    return (f"slora-vtc: warning: the kernel caps the listen backlog at {cap} (net.core.somaxconn), below --backlog {backlog}; "
+            f"a burst of connections beyond that may be reset")
+
+
 def serve(config: ServerConfig) -> None:
     ctx = build_context(config)
     print(f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
           f"(pool {config.pool_tokens} tokens)", flush=True)
+    note = backlog_note(config.backlog)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     server = server_for(ctx)
     server.run()
     if server.stopped_by == signal.SIGINT:

@@ -7,10 +7,13 @@ afterwards. (benchmarks/http_load.py is the full-size version: 2,000 streams, 5 
 import asyncio
 import json
 import math
+import socket
 
 import httpx2
 import pytest
 from server_util import running_server
+
+from slora_vtc.server.run import backlog_note, server_for
 
 CLIENTS, PER_CLIENT = 24, 10
 PROMPT, MAX_TOKENS = 4, 60
@@ -111,3 +114,27 @@ def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients
     assert seen_waiting and max(seen_waiting) <= max_waiting
     finished = sum(kind == "finished" for kind, _ in outcomes)
     assert finished >= max_waiting  # the first arrivals fill the queue at least
+
+
+# -- the listening socket and idle connections ---------------------------------------------------
+def test_uvicorn_gets_the_backlog_and_keep_alive_of_the_config():
+    with running_server(pool_tokens=POOL, backlog=321, keep_alive_s=0.2) as srv:
+        server = server_for(srv.ctx)
+        assert (server.config.backlog, server.config.timeout_keep_alive) == (321, 0.2)
+        with socket.create_connection(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while b"}" not in reply:
+                reply += conn.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200")
+            conn.settimeout(3)  # far longer than 0.2 s, shorter than uvicorn's default of 5 s
+            assert conn.recv(4096) == b""  # the idle connection was closed by the server
+
+
+def test_a_kernel_backlog_below_the_configured_one_is_named(tmp_path):
+    cap = tmp_path / "somaxconn"
+    cap.write_text("1024\n")
+    note = backlog_note(4096, cap)
+    assert "caps the listen backlog at 1024 (net.core.somaxconn), below --backlog 4096" in note
+    assert backlog_note(1024, cap) is None
+    assert backlog_note(4096, tmp_path / "absent") is None
