@@ -177,14 +177,24 @@ def one_run(load: Load, extra: list[str]) -> dict:
     proc = start_server(port, load, extra)
     try:
         wait_healthy(url, proc)
-        before = kernel_counters()
+        before, client_cpu, server_cpu = kernel_counters(), time.process_time(), cpu_seconds(proc.pid)
         run = asyncio.run(flood(url, load, proc))
-        after = kernel_counters()
+        after, client_cpu, server_cpu = kernel_counters(), time.process_time() - client_cpu, cpu_seconds(proc.pid) - server_cpu
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
         proc.wait(timeout=60)
-    return {**summary(run, load), "kernel": {k: after[k] - before[k] for k in after}}
+    cpu = {"client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2)}  # which side the run was bound by
+    return {**summary(run, load), **cpu, "kernel": {k: after[k] - before[k] for k in after}}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def kernel_counters() -> dict[str, int]:
@@ -238,7 +248,8 @@ def scenario(name: str, what: str, runs: int, load: Load, extra: list[str]) -> d
         r = one_run(load, extra)
         results.append(r)
         print(f"{name}, run {i + 1}: finished {r['finished']}, refused {r['refused']}, aborted {r['aborted']}, lost {r['lost']} "
-              f"{r['lost_why'] or ''}| p99 TTFT {r['p99_ttft_s']} s, {r['tokens_per_s']} tokens/s, {r['wall_s']} s | kernel {r['kernel']}", flush=True)
+              f"{r['lost_why'] or ''}| p99 TTFT {r['p99_ttft_s']} s, {r['tokens_per_s']} tokens/s, {r['wall_s']} s | "
+              f"CPU s client {r['client_cpu_s']}, server {r['server_cpu_s']} | kernel {r['kernel']}", flush=True)
     p99 = [r["p99_ttft_s"] for r in results if r["p99_ttft_s"] is not None]
     return {"what": what, "serve_args": extra, "load": asdict(load), "runs_without_loss": sum(r["lost"] == 0 for r in results),
             "lost": sum(r["lost"] for r in results), "refused": sum(r["refused"] for r in results),
