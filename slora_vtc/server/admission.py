@@ -3,7 +3,7 @@
 Two bounds keep an overloaded server answering rather than queueing without end:
 
 - in flight (`--max-inflight`): generation requests handled over HTTP at once, from their first
-  byte in to their last byte out. Beyond it a request is refused before its body is read (this
+  byte in to their last byte out. Beyond it a request is refused before its body is parsed (this
   middleware), so a flood costs neither memory for bodies nor tokenization.
 - waiting (`--max-waiting`): requests queued in the scheduler. The engine thread refuses beyond it
   (EngineService._add), where the queue's length is exact.
@@ -80,10 +80,23 @@ class InflightLimit:
             self.inflight -= 1
 
     async def _refuse(self, scope, receive, send) -> None:
+        await _discard_body(receive, self.ctx.config.max_body_bytes)
         _count_rejected(self.ctx.service, _client_of(scope))
         exc = overloaded(f"request refused: {self.limit} requests are in flight (--max-inflight); retry later")
         response = JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
         await response(scope, receive, send)
+
+
+async def _discard_body(receive, limit: int) -> None:
+    """Read the body (up to `limit` bytes) before answering, so the request is complete and its connection
+    ready for the next one (answering first cost the client of benchmarks/http_load.py's bounded run about
+    half again as much CPU). Beyond the limit the connection is not reusable anyway."""
+    size = 0
+    while size <= limit:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _client_of(scope) -> str | None:

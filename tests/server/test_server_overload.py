@@ -138,3 +138,19 @@ def test_a_kernel_backlog_below_the_configured_one_is_named(tmp_path):
     assert "caps the listen backlog at 1024 (net.core.somaxconn), below --backlog 4096" in note
     assert backlog_note(1024, cap) is None
     assert backlog_note(4096, tmp_path / "absent") is None
+
+
+def test_a_refusal_comes_before_parsing_and_leaves_the_connection_usable():
+    """Beyond --max-inflight a request is refused before it is parsed (a prompt that would be a 400 gets the
+    503), and its keep-alive connection carries the next request."""
+    with running_server(pool_tokens=4000, max_inflight=1) as srv:
+        long = {"inputs": [1, 2], "parameters": {"max_new_tokens": 3000, "ignore_eos": True}}  # an event per token
+        with httpx2.stream("POST", f"{srv.url}/generate_stream", json=long, timeout=60) as held:  # holds the one slot
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines)
+            with httpx2.Client(timeout=30) as http:
+                refused = http.post(f"{srv.url}/v1/completions", json={"prompt": [1] * 5000, "max_tokens": 2})
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+                assert http.get(f"{srv.url}/health").status_code == 200
+        srv.wait_idle()
