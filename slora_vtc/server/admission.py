@@ -61,7 +61,8 @@ def refusal(ctx: ServerContext, client: str, reason: str) -> ApiError:
 
 class InflightLimit:
     """ASGI middleware: at most `ctx.config.max_inflight` generation requests at once (only the event loop
-    touches the count); the others get a 503 with Retry-After before their body is read."""
+    touches the count); the others get a 503 with Retry-After before their body is parsed. A refusal is counted for
+    the client the headers name (a client known only by the body's `user` counts as anonymous)."""
 
     def __init__(self, app, ctx: ServerContext):
         self.app, self.ctx = app, ctx
