@@ -29,6 +29,7 @@ SOURCES = {
     "bench": "benchmarks/results/cpu.json",  # benchmarks/run.py
     "decode": "benchmarks/results/cpu_decode.json",  # benchmarks/cpu_decode.py
     "cluster": "benchmarks/results/cluster_scale.json",  # benchmarks/cluster_scale.py
+    "http": "benchmarks/results/http_load.json",  # benchmarks/http_load.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }

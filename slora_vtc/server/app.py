@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from slora_vtc.server import openai_api, slora_api, utility_api
+from slora_vtc.server.admission import InflightLimit
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError, error_body
@@ -37,6 +38,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)  # 404, 405: OpenAI's shape too
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
+    app.add_middleware(InflightLimit, ctx=ctx)  # outside the body limit: a refusal reads no body
     app.include_router(openai_api.router)
     app.include_router(slora_api.router)
     app.include_router(utility_api.router)
@@ -59,7 +61,7 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

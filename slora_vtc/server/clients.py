@@ -2,15 +2,22 @@
 
     [default]              # clients not listed below (optional)
     rpm = 60               # requests per minute; omit for no limit
+    adapters = ["shared"]  # with API keys: adapters every client may name, besides its own
 
     [clients.alice]
     api_key = "sk-alice"   # once any client has a key, every request needs a known key
     weight = 2.0           # VTC weight (service share); needs a VTC-family scheduler
     rpm = 120
     adapter = "alice-lora" # LoRA adapter name (dummy weights derived from the name)
+    adapters = ["alice-v2"] # with API keys: other adapters this client may name
 
 Identity: with keys, the key's client (a header or `user` cannot override it); without keys,
 the X-Client-Id header, else the OpenAI `user` field, else "anonymous".
+
+Adapters: a request may name an adapter (`model` in the OpenAI API, `lora_dir` in /generate),
+and only one the server serves (--lora, --dummy-adapters): never a path. With keys, a client may
+name only its `adapter`, its `adapters` and those of [default]; any other is refused (403).
+Without keys, identity is only what the client says, so any served adapter may be named.
 """
 
 from collections.abc import Mapping
@@ -28,8 +35,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 ANONYMOUS = "anonymous"
 MAX_CLIENT_NAME = 256
-CLIENT_KEYS = {"api_key", "weight", "rpm", "adapter"}
-DEFAULT_KEYS = {"rpm", "adapter"}  # no default weight: VTC gives unlisted clients weight 1
+CLIENT_KEYS = {"api_key", "weight", "rpm", "adapter", "adapters"}
+DEFAULT_KEYS = {"rpm", "adapter", "adapters"}  # no default weight: VTC gives unlisted clients weight 1
 
 
 class Unauthorized(Exception):
@@ -47,6 +54,11 @@ class ClientConfig:
     weight: float = 1.0
     rpm: int | None = None  # None: no limit
     adapter: str | None = None
+    adapters: tuple[str, ...] = ()  # other adapters it may name (enforced with API keys)
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return ((self.adapter,) if self.adapter else ()) + self.adapters
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,12 @@ class Clients:
     @property
     def keys_required(self) -> bool:
         return any(c.api_key for c in self.named.values())
+
+    def allowed_adapters(self, client: ClientConfig) -> tuple[str, ...] | None:
+        """The adapters `client` may name; None: any the server serves (no API keys, so no identity to trust)."""
+        if not self.keys_required:
+            return None
+        return tuple(dict.fromkeys(client.adapter_names + self.default.adapters))
 
     def by_key(self, api_key: str | None) -> ClientConfig:
         """The client an API key belongs to; Unauthorized if it is missing or unknown."""
@@ -117,7 +135,10 @@ def _client(path: Path, where: str, table: dict, allowed: set[str]) -> ClientCon
     for key in ("api_key", "adapter"):
         if key in table and (not isinstance(table[key], str) or not table[key]):
             raise UserError(f"{path}: [{where}] {key} must be a non-empty string")
-    return ClientConfig(name, table.get("api_key"), float(weight), rpm, table.get("adapter"))
+    adapters = table.get("adapters", [])
+    if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
+        raise UserError(f"{path}: [{where}] adapters must be a list of adapter names, got {adapters!r}")
+    return ClientConfig(name, table.get("api_key"), float(weight), rpm, table.get("adapter"), tuple(adapters))
 
 
 def scheduler_for(spec: str, clients: Clients, options: SchedulerOptions = SchedulerOptions()) -> Scheduler:

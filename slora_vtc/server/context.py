@@ -74,9 +74,11 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
     """The engine's config; every adapter the clients file names must be one the server has (whether each fits the
     pool, build_backend checks)."""
     for client in [*clients.named.values(), clients.default]:
-        if client.adapter and client.adapter not in adapters:
-            known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
-            raise UserError(f"{config.clients_file}: client '{client.name}' uses LoRA adapter '{client.adapter}', which this server does not have (known: {known})")
+        for name in client.adapter_names:
+            if name not in adapters:
+                known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
+                who = "[default]" if client is clients.default else f"client '{client.name}'"
+                raise UserError(f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have (known: {known})")
     return EngineConfig(pool_tokens=config.pool_tokens, lora_rank=0, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=adapters.sizes(spec),
                         prefix_cache=config.prefix_cache)
 
@@ -90,7 +92,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
-    service = EngineService(_engine(config, engine_config, scheduler, adapters), config.client_idle_s, config.max_client_labels)
+    service = EngineService(_engine(config, engine_config, scheduler, adapters), config.client_idle_s, config.max_client_labels, config.max_waiting)
     return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
 
 

@@ -21,10 +21,11 @@ from starlette.background import BackgroundTask
 from slora_vtc.memory import fits_alone
 from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.request import Request, TokenLogprob
+from slora_vtc.server.admission import check_adapter, refusal
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.service import SHUTTING_DOWN, Accepted, Ended, ServiceStopped, Subscriber, Tokens
+from slora_vtc.server.service import Accepted, Ended, ServiceStopped, Subscriber, Tokens
 from slora_vtc.server.stops import StopMatcher
 from slora_vtc.server.tokenizer import IncrementalDecoder
 
@@ -66,12 +67,12 @@ def sampling(temperature: float, top_p: float, top_k: int, **extra) -> SamplingP
 
 def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_tokens: int, params: SamplingParams,
                 ignore_eos: bool, adapter: str | None, stop_ids: tuple[int, ...] = ()) -> Request:
-    """A Request that the engine can serve, or ApiError(400) saying why it never could.
+    """A Request that the engine can serve, or ApiError saying why it never could (400), or why this client may
+    not have it (403: an adapter its clients-file entry does not allow).
     `stop_ids`: the client's own stop tokens, added to EOS (kept with ignore_eos, as vLLM does)."""
     n, context = len(ids), ctx.spec.max_position
-    if adapter is not None and adapter not in ctx.adapters:
-        known = ", ".join(ctx.adapters.names) or "none: this server was started without --lora or --dummy-adapters"
-        raise ApiError(400, f"unknown LoRA adapter '{adapter}' (known: {known})")
+    if adapter is not None:
+        check_adapter(ctx, client, adapter)
     if n + max_tokens > context:
         raise ApiError(400, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens")
     eos = () if ignore_eos else ctx.spec.eos_token_ids
@@ -123,9 +124,7 @@ class Generation:
             raise
         if isinstance(first, Ended):
             gen.end = first
-            if first.reason == SHUTTING_DOWN or not ctx.service.healthy:
-                raise ApiError(503, first.reason, "service_unavailable")
-            raise ApiError(429, f"request refused: {first.reason}", "rate_limit_error")
+            raise refusal(ctx, request.client, first.reason)  # 429 or 503, with Retry-After
         assert isinstance(first, Accepted)
         return gen
 

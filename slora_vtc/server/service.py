@@ -30,6 +30,7 @@ from slora_vtc.server.stats import OTHER, ServerStats, Snapshot
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "the server is shutting down"
+QUEUE_FULL = "too many requests are waiting (--max-waiting)"
 STUCK_WAIT_S = 0.05  # busy but nothing could run (cannot happen with the shared admission check): re-check this often
 
 
@@ -113,8 +114,9 @@ def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
 
 
 class EngineService:
-    def __init__(self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100):
+    def __init__(self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100, max_waiting: int | None = None):
         self.engine = engine
+        self.max_waiting = max_waiting  # requests queued in the scheduler; None: no bound
         engine.on_end = self._on_end
         self.clock = engine.clock
         self.client_idle_s = client_idle_s
@@ -233,8 +235,9 @@ class EngineService:
         return progressed
 
     def _add(self, req: Request, sub: Subscriber) -> None:
-        if self._stop_at is not None:
-            req.state, req.reason = State.REJECTED, self.error or SHUTTING_DOWN
+        full = self.max_waiting is not None and self.engine.scheduler.num_waiting() >= self.max_waiting
+        if self._stop_at is not None or full:
+            req.state, req.reason = State.REJECTED, QUEUE_FULL if self._stop_at is None else self.error or SHUTTING_DOWN
             self.stats[req.client].rejected += 1
             self._emit(sub, Ended.of(req))
             return

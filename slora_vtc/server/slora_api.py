@@ -1,7 +1,8 @@
 """POST /generate and /generate_stream, in S-LoRA's style (what the VTC artifact's benchmark client calls).
 
 Body: {"inputs": text or token ids, "parameters": {"max_new_tokens", "do_sample", "temperature",
-"top_p", "top_k", "ignore_eos"}, "lora_dir": adapter name (optional)}. The stream sends one event
+"top_p", "top_k", "ignore_eos"}, "lora_dir": the name of a served adapter (optional; never a path: an
+unknown name is a 400, one the client may not use a 403, and nothing is loaded for either)}. The stream sends one event
 per token, {"token": {"id", "text", "logprob", "special"}, "generated_text": null, "finished":
 false, "details": null}, then a final event with the whole text and
 details {"finish_reason", "prompt_tokens", "generated_tokens"}.
