@@ -1,6 +1,7 @@
 """Helpers for the gateway tests: our own `serve` as upstreams (killable), and the gateway itself,
 each a real uvicorn server on 127.0.0.1 in a background thread."""
 
+import json
 import re
 import socket
 import threading
@@ -99,3 +100,76 @@ def gateway(*upstream_urls: str, **settings):
     ctx = build_gateway(GatewayConfig(upstreams=tuple(upstream_urls), **settings))
     with _in_thread(gateway_server(ctx, log_level="critical")) as (url, _):
         yield Gateway(url, ctx)
+
+
+class FakeUpstream:
+    """An OpenAI-compatible stand-in whose timing the test controls: it records every body it
+    gets, streams one chunk per token (max_tokens of them, "x" each), holds its streams after
+    `hold_after` chunks until `release` is set, and with `hang` never answers at all."""
+
+    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7):
+        self.bodies: list[dict] = []
+        self.release = threading.Event()
+        self.hold_after, self.hang, self.prompt_tokens = hold_after, hang, prompt_tokens
+
+    def app(self):
+        import asyncio
+
+        from fastapi import FastAPI, Request
+        from fastapi.responses import StreamingResponse
+
+        app = FastAPI()
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "test"}]}
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            self.bodies.append(body)
+            if self.hang:
+                await asyncio.sleep(3600)
+            n = body.get("max_tokens", 16)
+            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+            if not body.get("stream"):
+                return {"id": "c", "object": "text_completion", "created": 0, "model": "fake",
+                        "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}], "usage": usage}
+
+            async def chunks():
+                for i in range(n):
+                    if self.hold_after is not None and i == self.hold_after:
+                        while not self.release.is_set():
+                            await asyncio.sleep(0.005)
+                    choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": "length" if i == n - 1 else None}
+                    yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [choice]})}\n\n"
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [], 'usage': usage})}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        return app
+
+
+@contextmanager
+def fake_upstream(fake: FakeUpstream):
+    server = uvicorn.Server(uvicorn.Config(fake.app(), host="127.0.0.1", log_level="critical", lifespan="off"))
+    with _in_thread(server) as (url, _):
+        try:
+            yield url
+        finally:
+            fake.release.set()
+            server.force_exit = True
+
+
+def wait_for(predicate, timeout_s: float = 20.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)

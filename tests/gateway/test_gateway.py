@@ -1,0 +1,160 @@
+"""The gateway in front of two of our own `serve` upstreams (tiny model, 127.0.0.1), and of a fake
+upstream whose timing the test controls: the OpenAI formats through the official client, bodies
+passed on untouched, charging while a stream runs, bad input, client disconnects, bench-http."""
+
+import asyncio
+import json
+
+import httpx2
+import pytest
+from gateway_util import FakeUpstream, fake_upstream, gateway, upstream, wait_for
+from openai import BadRequestError, OpenAI
+
+from slora_vtc.cli import main
+from slora_vtc.results import read_results
+
+POOL = 2000
+
+
+@pytest.fixture(scope="module")
+def upstreams():
+    with upstream(pool_tokens=POOL) as first, upstream(pool_tokens=POOL) as second:
+        yield first, second
+
+
+@pytest.fixture(scope="module")
+def gw(upstreams):
+    with gateway(*(u.url for u in upstreams), scheduler="vtc", max_inflight=2) as g:
+        yield g
+
+
+def openai_client(url: str, client: str = "alice") -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, default_headers={"X-Client-Id": client})
+
+
+def test_completions_and_chat_through_the_gateway_equal_the_upstream_s_own(gw, upstreams):
+    direct, through = openai_client(upstreams[0].url), openai_client(gw.url)
+    args = dict(model="tiny", prompt="Hello, gateway", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    a, b = direct.completions.create(**args), through.completions.create(**args)
+    assert b.choices[0].text == a.choices[0].text and b.usage == a.usage
+    messages = [{"role": "user", "content": "Hi"}]
+    whole = through.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    chunks = list(through.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True,
+                                                  extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert whole.usage.completion_tokens == 5
+    assert gw.wait_idle()['slora_gateway_client_service{client="alice"}'] > 0
+
+
+def test_the_usage_chunk_reaches_only_clients_that_ask_for_it(gw):
+    client = openai_client(gw.url)
+    args = dict(model="tiny", prompt="usage", max_tokens=4, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    without = list(client.completions.create(**args))
+    assert all(c.choices for c in without)  # the gateway asked the upstream for usage, and kept it
+    asked = list(client.completions.create(**args, stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 4
+    assert "".join(c.choices[0].text for c in without) == "".join(c.choices[0].text for c in asked if c.choices)
+
+
+def test_models_merge_the_upstreams_and_health_names_them(gw, upstreams):
+    assert [m["id"] for m in httpx2.get(f"{gw.url}/v1/models").json()["data"]] == ["tiny"]
+    health = httpx2.get(f"{gw.url}/health").json()
+    assert health["status"] == "ok" and health["scheduler"] == "vtc" and health["model"] == "tiny"
+    assert [u["url"] for u in health["upstreams"]] == [u.url for u in upstreams]
+
+
+def test_an_upstream_s_400_passes_through_and_nothing_stays_charged(gw):
+    before = gw.wait_idle()
+    r = httpx2.post(f"{gw.url}/v1/completions", json={"prompt": "x", "stop": ["z"]}, headers={"X-Client-Id": "refused"})
+    assert r.status_code == 400 and "'stop' is not supported" in r.json()["error"]["message"]  # the upstream's own answer
+    after = gw.wait_idle()
+    assert after['slora_gateway_client_service{client="refused"}'] == 0
+    assert after['slora_gateway_client_counter{client="refused"}'] == before.get('slora_gateway_client_counter{client="refused"}', after['slora_gateway_client_counter{client="refused"}'])
+    assert after['slora_gateway_requests_total{client="refused",outcome="rejected"}'] == 1
+    with pytest.raises(BadRequestError):
+        openai_client(gw.url).completions.create(model="tiny", prompt="x", max_tokens=2, stop=["z"])
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"{not json", "the body is not valid JSON"),
+    (b"[1, 2]", "the body must be a JSON object"),
+    (b'{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
+    (b'{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
+    (b'{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
+    (b'{"prompt": "x", "user": 5}', "user: Input should be a valid string"),
+])
+def test_bad_bodies_get_a_400_in_openai_s_shape(gw, raw, message):
+    r = httpx2.post(f"{gw.url}/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+
+
+def test_unknown_paths_methods_and_large_bodies_answer_in_openai_s_shape(gw):
+    assert httpx2.get(f"{gw.url}/v1/nothing").json()["error"]["type"] == "not_found_error"
+    r = httpx2.get(f"{gw.url}/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+    r = httpx2.post(f"{gw.url}/v1/completions", content=b"x" * (2 << 20))
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_s_lora_generate_and_bench_http_work_through_the_gateway(gw, tmp_path):
+    r = httpx2.post(f"{gw.url}/generate", json={"inputs": [3] * 5, "parameters": {"max_new_tokens": 3, "ignore_eos": True}})
+    assert r.status_code == 200 and r.json()["count_output_tokens"] == 3
+    rows = [("alice", 4, 3, 0.0), ("bob", 6, 2, 0.01), ("alice", 5, 4, 0.02), ("carol", 3, 3, 0.03)]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), row))) + "\n" for row in rows))
+    out = tmp_path / "result.jsonl"
+    assert main(["bench-http", str(trace), "--url", gw.url, "--out", str(out)]) == 0
+    responses = read_results(out)[0].responses
+    assert [(r.client, r.status, r.output_len) for r in responses] == [(c, "finished", o) for c, _, o, _ in rows]
+    service = gw.wait_idle()
+    assert service['slora_gateway_client_service{client="carol"}'] == 3 + 2 * 3  # h(x, y), exact token ids: no estimate
+
+
+def test_a_client_that_leaves_while_queued_or_mid_stream_is_accounted_as_aborted():
+    fake = FakeUpstream(hold_after=2)
+    with fake_upstream(fake) as url, gateway(url, scheduler="vtc", max_inflight=1) as g:
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=10) as http:
+                body = {"prompt": "x", "max_tokens": 6, "stream": True}
+                async with http.stream("POST", f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "gone"}) as s:
+                    lines = s.aiter_lines()
+                    while not (await lines.__anext__()).startswith("data:"):
+                        pass
+                    queued = asyncio.create_task(http.post(f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "queued"}))
+                    while g.per("client_waiting").get("queued") != 1:
+                        await asyncio.sleep(0.01)
+                    queued.cancel()
+                    while g.per("client_waiting").get("queued", 0) != 0:
+                        await asyncio.sleep(0.01)
+        asyncio.run(scenario())
+        m = g.wait_idle()
+    assert m['slora_gateway_requests_total{client="gone",outcome="aborted"}'] == 1
+    assert m['slora_gateway_requests_total{client="queued",outcome="aborted"}'] == 1
+    assert m['slora_gateway_client_service{client="queued"}'] == 0
+
+
+def test_a_stream_is_charged_while_it_runs_and_bodies_pass_through_untouched():
+    fake = FakeUpstream(hold_after=5, prompt_tokens=7)
+    with fake_upstream(fake) as url, gateway(url, scheduler="lcf", max_inflight=4) as g:
+        body = {"prompt": "abcd" * 3, "max_tokens": 20, "stream": True, "logit_bias": {"5": 1}, "vendor_field": [1, {"a": None}]}
+        with httpx2.stream("POST", f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "long"}) as s:
+            lines, seen = s.iter_lines(), 0
+            while seen < 5:
+                seen += next(lines).startswith("data:")
+            # the fifth chunk is charged as it passes (the prompt estimated: 12 bytes, 3 tokens)
+            wait_for(lambda: g.per("client_counter").get("long", 0) >= 3 + 2 * 4)
+            running = g.metrics()
+            assert running['slora_gateway_client_counter{client="long"}'] == 3 + 2 * 4  # h(3, 0), then 2 per token after the first
+            assert running['slora_gateway_client_inflight{client="long"}'] == 1
+            fake.release.set()
+            rest = list(lines)
+        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+        m = g.wait_idle()
+        assert m['slora_gateway_client_counter{client="long"}'] == 7 + 2 * 19  # reconciled with usage: 7 prompt tokens
+        assert m['slora_gateway_client_service{client="long"}'] == 7 + 2 * 20
+        sent = fake.bodies[-1]
+        assert sent == {**body, "stream_options": {"include_usage": True}}  # the rest untouched
+        httpx2.post(f"{g.url}/v1/completions", json={**body, "stream": False})
+        assert fake.bodies[-1] == {**body, "stream": False}
