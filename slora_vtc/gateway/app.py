@@ -3,6 +3,7 @@ errors in OpenAI's shape (404s and 405s included)."""
 
 import asyncio
 import json
+import socket
 from contextlib import asynccontextmanager, suppress
 
 import httpx2
@@ -29,7 +30,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     async def lifespan(app: FastAPI):
         timeout = httpx2.Timeout(ctx.config.upstream_timeout_s, connect=ctx.config.connect_timeout_s)
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx2.AsyncClient(timeout=timeout, limits=limits) as http:
+        # no Nagle: a request's headers and body go out as two small writes, which must not wait for an ACK
+        transport = httpx2.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        async with httpx2.AsyncClient(timeout=timeout, transport=transport) as http:
             ctx.http = http
             probes = asyncio.create_task(monitor(ctx))
             try:
@@ -45,7 +48,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     for kind in (COMPLETIONS, CHAT, GENERATE, GENERATE_STREAM):
-        app.add_api_route(kind.path, _relay_route(kind), methods=["POST"], name=kind.name)
+        app.add_route(kind.path, _relay_route(kind), methods=["POST"], name=kind.name)  # plain Starlette: no dependency solving per request
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

@@ -34,6 +34,7 @@ class GatewayConfig:
     upstream_api_key: str | None = None  # sent to every upstream as 'Authorization: Bearer KEY'
     max_body_bytes: int = 1 << 20
     probe_interval_s: float = 0.5  # how often the upstreams' health and queue metrics are read
+    log_level: str = "info"  # uvicorn's; "warning" drops the access log
 
     def check(self) -> None:
         if not self.upstreams:

@@ -61,7 +61,7 @@ def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
 
 
 def server_for(ctx: GatewayContext, **overrides) -> uvicorn.Server:
-    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level="info", lifespan="on")
+    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level=ctx.config.log_level, lifespan="on")
     return uvicorn.Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}))
 
 
