@@ -103,12 +103,15 @@ def gateway(*upstream_urls: str, **settings):
 
 
 class FakeUpstream:
-    """An OpenAI-compatible stand-in whose timing the test controls: it records every body it
-    gets, streams one chunk per token (max_tokens of them, "x" each), holds its streams after
+    """An OpenAI-compatible stand-in whose timing the test controls: it records every body (and
+    the headers) it gets, streams one chunk per token (max_tokens of them, "x" each), holds its streams after
     `hold_after` chunks until `release` is set, and with `hang` never answers at all."""
 
-    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7):
+    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7, vllm_metrics: bool = False):
         self.bodies: list[dict] = []
+        self.headers: list[dict] = []
+        self.vllm_metrics = vllm_metrics
+        self.queued = 0  # what /metrics reports as vllm:num_requests_waiting (with vllm_metrics)
         self.release = threading.Event()
         self.hold_after, self.hang, self.prompt_tokens = hold_after, hang, prompt_tokens
 
@@ -128,10 +131,19 @@ class FakeUpstream:
         async def health():
             return {"status": "ok"}
 
+        @app.get("/metrics")
+        async def metrics():
+            from fastapi.responses import PlainTextResponse
+            if not self.vllm_metrics:
+                return PlainTextResponse("# TYPE other_metric gauge\nother_metric 1.0\n")
+            return PlainTextResponse(f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="fake"}} {self.queued}\n'
+                                     f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="fake"}} 0.0\n')
+
         @app.post("/v1/completions")
         async def completions(request: Request):
             body = await request.json()
             self.bodies.append(body)
+            self.headers.append(dict(request.headers))
             if self.hang:
                 await asyncio.sleep(3600)
             n = body.get("max_tokens", 16)

@@ -158,3 +158,47 @@ def test_a_stream_is_charged_while_it_runs_and_bodies_pass_through_untouched():
         assert sent == {**body, "stream_options": {"include_usage": True}}  # the rest untouched
         httpx2.post(f"{g.url}/v1/completions", json={**body, "stream": False})
         assert fake.bodies[-1] == {**body, "stream": False}
+
+
+def test_the_budget_adapts_to_an_upstream_that_exposes_vllm_s_queue_and_is_fixed_otherwise():
+    vllm, plain = FakeUpstream(hold_after=1, vllm_metrics=True), FakeUpstream()
+    with fake_upstream(plain) as other, gateway(other, scheduler="vtc") as g:
+        assert g.per("upstream_limit", "upstream") == {other: 64}  # without vLLM's metrics: fixed
+    with fake_upstream(vllm) as url, gateway(url, scheduler="vtc", probe_interval_s=0.02) as g:
+        limits = lambda: g.per("upstream_limit", "upstream")  # noqa: E731
+        assert limits() == {url: 8}  # Aimd's start
+        vllm.queued = 3
+        wait_for(lambda: limits()[url] == 1, what="the budget to shrink to its floor while the upstream queues")
+        vllm.queued = 0
+
+        async def held_streams():
+            async with httpx2.AsyncClient(timeout=20) as http:
+                body = {"prompt": "x", "max_tokens": 3, "stream": True}
+                tasks = [asyncio.create_task(http.post(f"{g.url}/v1/completions", json=body)) for _ in range(4)]
+                # one more slot per probe while all are used and nothing queues upstream: 4 in flight, then 5 slots
+                await asyncio.to_thread(wait_for, lambda: limits()[url] == 5 and g.per("upstream_inflight", "upstream")[url] == 4)
+                vllm.release.set()
+                assert all(r.status_code == 200 for r in await asyncio.gather(*tasks))
+        asyncio.run(held_streams())
+        assert limits()[url] == 5 and g.wait_idle()["slora_gateway_waiting"] == 0
+
+
+def test_clients_file_keys_weights_and_rate_limits(tmp_path):
+    clients = tmp_path / "clients.toml"
+    clients.write_text('[clients.alice]\napi_key = "sk-a"\nweight = 2.0\n\n[clients.bob]\napi_key = "sk-b"\nrpm = 1\n')
+    fake = FakeUpstream()
+    with fake_upstream(fake) as url, gateway(url, scheduler="vtc", clients_file=str(clients), max_inflight=2) as g:
+        body = {"prompt": "x", "max_tokens": 2}
+        assert httpx2.post(f"{g.url}/v1/completions", json=body).status_code == 401
+        r = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-nope"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-a", "X-Client-Id": "bob"})
+        assert ok.status_code == 200 and fake.bodies[-1] == body
+        assert "authorization" not in fake.headers[-1] and fake.headers[-1]["x-client-id"] == "alice"  # the key stays here
+        assert httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"}).status_code == 200
+        limited = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"})
+        assert limited.status_code == 429 and limited.headers["retry-after"] == "1"
+        m = g.wait_idle()
+    # the key decides (not X-Client-Id); alice's weight 2 halves her counter: (7 + 2 * 1) / 2, reconciled to usage
+    assert m['slora_gateway_client_counter{client="alice"}'] == (7 + 2) / 2
+    assert m['slora_gateway_requests_total{client="bob",outcome="rejected"}'] == 1
