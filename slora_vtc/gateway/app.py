@@ -23,6 +23,7 @@ from slora_vtc.server.errors import ApiError, error_body
 from slora_vtc.server.limits import BodyLimit
 
 CLIENT_HEADER = "x-client-id"
+PASSED_THROUGH = (("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/version"))  # vLLM's; not scheduled
 
 
 def create_app(ctx: GatewayContext) -> FastAPI:
@@ -50,6 +51,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     for kind in (COMPLETIONS, CHAT, GENERATE, GENERATE_STREAM):
         app.add_route(kind.path, _relay_route(kind), methods=["POST"], name=kind.name)  # plain Starlette: no dependency solving per request
     app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
+    for method, path in PASSED_THROUGH:
+        app.add_route(path, _passthrough(path), methods=[method])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     return app
@@ -106,6 +110,33 @@ async def models(http: Request) -> dict:
     return {"object": "list", "data": list(cards.values())}
 
 
+async def model(model_id: str, http: Request) -> Response:
+    """The first upstream that serves the model answers for it; a 404 if none does."""
+    ctx: GatewayContext = http.app.state.ctx
+    for upstream in (u for u in ctx.pool.upstreams if u.up):
+        with suppress(httpx2.HTTPError):
+            reply = await ctx.http.get(f"{upstream.url}/v1/models/{model_id}")
+            if reply.status_code == 200:
+                return Response(reply.content, media_type="application/json")
+    raise ApiError(404, f"the model '{model_id}' does not exist on any upstream", "not_found_error", "model_not_found")
+
+
+def _passthrough(path: str):
+    """A request no scheduler needs to see (it generates nothing): sent to the first upstream that is up."""
+    async def route(http: Request) -> Response:
+        ctx: GatewayContext = http.app.state.ctx
+        upstream = next((u for u in ctx.pool.upstreams if u.up), None)
+        if upstream is None:
+            raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
+        try:
+            reply = await ctx.http.request(http.method, upstream.url + path, content=await http.body(),
+                                           headers={"content-type": http.headers.get("content-type", "application/json")})
+        except httpx2.HTTPError as e:
+            raise ApiError(502, f"upstream {upstream.url} failed ({type(e).__name__}: {e})", "server_error", "upstream_error") from None
+        return Response(reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+    return route
+
+
 async def health(http: Request) -> JSONResponse:
     ctx: GatewayContext = http.app.state.ctx
     ok = ctx.pool.any_up
@@ -117,7 +148,10 @@ async def health(http: Request) -> JSONResponse:
 
 
 async def metrics(http: Request) -> Response:
-    return Response(render(http.app.state.ctx), media_type=CONTENT_TYPE_LATEST)
+    ctx: GatewayContext = http.app.state.ctx
+    if ctx.config.metrics_key and _bearer(http.headers.get("authorization")) != ctx.config.metrics_key:
+        raise ApiError(401, "GET /metrics needs 'Authorization: Bearer KEY' (--metrics-key)", "authentication_error")
+    return Response(render(ctx), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

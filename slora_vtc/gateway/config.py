@@ -35,6 +35,8 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20
     probe_interval_s: float = 0.5  # how often the upstreams' health and queue metrics are read
     log_level: str = "info"  # uvicorn's; "warning" drops the access log
+    metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it names clients)
+    drain_s: float = 30.0  # on SIGINT / SIGTERM: let in-flight and queued requests finish this long, then cancel them
 
     def check(self) -> None:
         if not self.upstreams:
@@ -49,6 +51,8 @@ class GatewayConfig:
                             ("--max-body-bytes", self.max_body_bytes)):
             if value is not None and value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}")
+        if not 0 <= self.drain_s < float("inf"):
+            raise UserError(f"--drain-timeout must be a non-negative number of seconds, got {self.drain_s}")
         for flag, value in (("--connect-timeout", self.connect_timeout_s), ("--upstream-timeout", self.upstream_timeout_s),
                             ("--probe-interval", self.probe_interval_s)):
             if not 0 < value < float("inf"):

@@ -1,5 +1,7 @@
 """`slora-vtc gateway`: check the upstreams, build the gateway, and run it under uvicorn."""
 
+import math
+
 import httpx2
 import uvicorn
 
@@ -61,7 +63,8 @@ def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
 
 
 def server_for(ctx: GatewayContext, **overrides) -> uvicorn.Server:
-    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level=ctx.config.log_level, lifespan="on")
+    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level=ctx.config.log_level, lifespan="on",
+                    timeout_graceful_shutdown=math.ceil(ctx.config.drain_s))
     return uvicorn.Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}))
 
 

@@ -8,7 +8,7 @@ import json
 import httpx2
 import pytest
 from gateway_util import FakeUpstream, fake_upstream, gateway, upstream, wait_for
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError, NotFoundError, OpenAI
 
 from slora_vtc.cli import main
 from slora_vtc.results import read_results
@@ -202,3 +202,21 @@ def test_clients_file_keys_weights_and_rate_limits(tmp_path):
     # the key decides (not X-Client-Id); alice's weight 2 halves her counter: (7 + 2 * 1) / 2, reconciled to usage
     assert m['slora_gateway_client_counter{client="alice"}'] == (7 + 2) / 2
     assert m['slora_gateway_requests_total{client="bob",outcome="rejected"}'] == 1
+
+
+def test_model_lookup_tokenize_and_version_pass_through_unscheduled(gw, upstreams):
+    client = openai_client(gw.url)
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("no-such-model")
+    body = {"model": "tiny", "prompt": "Hello"}
+    assert httpx2.post(f"{gw.url}/tokenize", json=body).json() == httpx2.post(f"{upstreams[0].url}/tokenize", json=body).json()
+    assert httpx2.get(f"{gw.url}/version").json() == httpx2.get(f"{upstreams[0].url}/version").json()
+    assert gw.wait_idle()["slora_gateway_waiting"] == 0
+
+
+def test_metrics_behind_a_key():
+    with fake_upstream(FakeUpstream()) as url, gateway(url, metrics_key="secret") as g:
+        refused = httpx2.get(f"{g.url}/metrics")
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        assert "slora_gateway_waiting" in httpx2.get(f"{g.url}/metrics", headers={"Authorization": "Bearer secret"}).text
