@@ -23,6 +23,7 @@ from slora_vtc.server.errors import ApiError, error_body
 from slora_vtc.server.limits import BodyLimit
 
 CLIENT_HEADER = "x-client-id"
+KEEPALIVE_EXPIRY_S = 2.0
 PASSED_THROUGH = (("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/version"))  # vLLM's; not scheduled
 
 
@@ -30,7 +31,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         timeout = httpx2.Timeout(ctx.config.upstream_timeout_s, connect=ctx.config.connect_timeout_s)
-        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
+        # idle connections expire before the upstream's keep-alive does (uvicorn's and vLLM's: 5 s), so that
+        # a request is never sent on a connection the upstream is closing
+        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         # no Nagle: a request's headers and body go out as two small writes, which must not wait for an ACK
         transport = httpx2.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         async with httpx2.AsyncClient(timeout=timeout, transport=transport) as http:

@@ -12,6 +12,7 @@ import json
 import httpx2
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from slora_vtc.gateway.api import ApiKind, Routing, is_usage_only
 from slora_vtc.gateway.context import GatewayContext
@@ -31,17 +32,24 @@ async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routi
     headers = ctx.upstream_headers(http.headers.get("authorization"), client)
     try:
         reply = await ctx.http.send(ctx.http.build_request("POST", upstream.url + kind.path, content=data, headers=headers), stream=True)
+        if reply.status_code != 200:
+            return await _refused(ctx, ticket, reply)
+        if routing.stream:
+            events = _relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
+            # the background task settles a stream cancelled before its first chunk (the generator's finally never runs then)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                     background=BackgroundTask(_settle_unsettled, ctx, ticket, reply))
+        return await _whole(ctx, kind, ticket, reply)
     except httpx2.HTTPError as e:
         raise _failed(ctx, ticket, e) from None
     except BaseException:
-        ctx.dispatcher.abort(ticket)  # cancelled: the gateway is stopping
+        ctx.dispatcher.abort(ticket)  # cancelled (the gateway is stopping); a no-op for a request already settled
         raise
-    if reply.status_code != 200:
-        return await _refused(ctx, ticket, reply)
-    if routing.stream:
-        events = _relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _whole(ctx, kind, ticket, reply)
+
+
+async def _settle_unsettled(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> None:
+    ctx.dispatcher.abort(ticket)  # a no-op once the stream has settled it
+    await reply.aclose()
 
 
 async def _slot(ctx: GatewayContext, ticket: Ticket, http: HttpRequest) -> Upstream | None:
@@ -72,9 +80,12 @@ def _failed(ctx: GatewayContext, ticket: Ticket, error: httpx2.HTTPError) -> Api
     ctx.dispatcher.fail(ticket)
     if isinstance(error, httpx2.TimeoutException):
         upstream.timeouts += 1
+        if isinstance(error, httpx2.ConnectTimeout):
+            ctx.mark_down(upstream)
         return ApiError(504, f"upstream {upstream.url} timed out ({type(error).__name__})", "server_error", "upstream_timeout")
     upstream.errors += 1
-    ctx.mark_down(upstream)
+    if isinstance(error, httpx2.ConnectError):
+        ctx.mark_down(upstream)  # nothing listens: out of service until a probe answers (a broken stream alone is not that)
     return ApiError(502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error")
 
 
@@ -83,8 +94,6 @@ async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) 
     client's problem, and nothing was served); a 5xx is the upstream's and becomes a 502."""
     try:
         content = await reply.aread()
-    except httpx2.HTTPError as e:
-        raise _failed(ctx, ticket, e) from None
     finally:
         await reply.aclose()
     upstream = ticket.upstream
@@ -108,8 +117,6 @@ async def _whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: http
     """A request that does not stream is charged when its answer arrives, from its usage."""
     try:
         content = await reply.aread()
-    except httpx2.HTTPError as e:
-        raise _failed(ctx, ticket, e) from None
     finally:
         await reply.aclose()
     try:
