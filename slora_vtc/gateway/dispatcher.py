@@ -123,6 +123,18 @@ class Dispatcher:
         self._serve(ticket, self.cost(req.prompt_len, 0))
         ticket.slot.set_result(upstream)
 
+    def move(self, ticket: Ticket) -> bool:
+        """Move a dispatched request that its upstream could not take (nothing was sent) to the
+        upstream with the most free slots; False if none has one. Its charges stay: it is still
+        being served."""
+        other = self.pool.best()
+        if other is None:
+            return False
+        self.pool.release(ticket.upstream)
+        self.pool.acquire(other)
+        ticket.upstream = other
+        return True
+
     def fail_waiting(self, error: ApiError) -> None:
         """Nothing can serve the waiting requests (every upstream is down): end them with `error`."""
         for req in self.scheduler.drain():

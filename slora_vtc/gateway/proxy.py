@@ -26,12 +26,11 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nob
 async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routing, client: str, http: HttpRequest) -> Response:
     data = kind.upstream_body(body, routing)
     ticket = ctx.dispatcher.submit(client, routing.prompt_tokens, routing.max_tokens)
-    upstream = await _slot(ctx, ticket, http)
-    if upstream is None:
+    if await _slot(ctx, ticket, http) is None:
         return Response(status_code=CLIENT_GONE)
     headers = ctx.upstream_headers(http.headers.get("authorization"), client)
     try:
-        reply = await ctx.http.send(ctx.http.build_request("POST", upstream.url + kind.path, content=data, headers=headers), stream=True)
+        reply = await _send(ctx, ticket, kind.path, data, headers)
         if reply.status_code != 200:
             return await _refused(ctx, ticket, reply)
         if routing.stream:
@@ -45,6 +44,20 @@ async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routi
     except BaseException:
         ctx.dispatcher.abort(ticket)  # cancelled (the gateway is stopping); a no-op for a request already settled
         raise
+
+
+async def _send(ctx: GatewayContext, ticket: Ticket, path: str, data: bytes, headers: dict[str, str]) -> httpx2.Response:
+    """The upstream's answer (its headers). A connection that cannot be made sent nothing, so the
+    request moves to another upstream with a free slot, while there is one."""
+    while True:
+        try:
+            return await ctx.http.send(ctx.http.build_request("POST", ticket.upstream.url + path, content=data, headers=headers), stream=True)
+        except httpx2.ConnectError:
+            dead = ticket.upstream
+            ctx.mark_down(dead)
+            if not ctx.dispatcher.move(ticket):
+                raise  # nowhere else to go: a 502 (_failed counts this last error)
+            dead.errors += 1
 
 
 async def _settle_unsettled(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> None:

@@ -71,3 +71,17 @@ def test_an_upstream_that_never_answers_is_a_504_and_nothing_stays_charged():
     assert m[f'slora_gateway_upstream_timeouts_total{{upstream="{url}"}}'] == 1
     assert m['slora_gateway_client_service{client="late"}'] == 0 and m['slora_gateway_client_counter{client="late"}'] == 0
     assert m['slora_gateway_requests_total{client="late",outcome="failed"}'] == 1
+
+
+def test_requests_for_an_upstream_that_went_away_move_to_one_that_is_up():
+    with upstream(pool_tokens=2000) as gone, upstream(pool_tokens=2000) as live, \
+            gateway(gone.url, live.url, scheduler="vtc", max_inflight=2) as gw:
+        gone.kill()  # before any request: the gateway learns of it from its first connection
+        body = {"prompt": [3] * 4, "max_tokens": 3, "ignore_eos": True}
+        replies = [httpx2.post(f"{gw.url}/v1/completions", json=body, headers={"X-Client-Id": "mover"}) for _ in range(4)]
+        assert [r.status_code for r in replies] == [200] * 4  # nothing was sent to the dead one: moved, not failed
+        m = gw.wait_idle()
+    assert m[f'slora_gateway_upstream_errors_total{{upstream="{gone.url}"}}'] == 1
+    assert m[f'slora_gateway_upstream_up{{upstream="{gone.url}"}}'] == 0
+    assert m[f'slora_gateway_upstream_finished_total{{upstream="{live.url}"}}'] == 4
+    assert m['slora_gateway_client_service{client="mover"}'] == 4 * (4 + 2 * 3)  # token ids: no BOS added; 3 tokens each
