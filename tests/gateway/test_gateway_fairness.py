@@ -46,19 +46,19 @@ async def _stream(http: httpx2.AsyncClient, url: str, client: str) -> tuple[floa
     return time.monotonic(), usage["prompt_tokens"] + 2 * usage["completion_tokens"]
 
 
-async def _flood(url: str) -> dict[str, list[tuple[float, int]]]:
-    done: dict[str, list[tuple[float, int]]] = {c: [] for c in IN_FLIGHT}
+async def _flood(url: str, in_flight: dict[str, int] = IN_FLIGHT, requests: int = REQUESTS) -> dict[str, list[tuple[float, int]]]:
+    done: dict[str, list[tuple[float, int]]] = {c: [] for c in in_flight}
 
     async def worker(http, client):
-        while sent[client] < REQUESTS:
+        while sent[client] < requests:
             sent[client] += 1
             done[client].append(await _stream(http, url, client))
 
-    sent = {c: 0 for c in IN_FLIGHT}
+    sent = {c: 0 for c in in_flight}
     async with httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=None)) as http:
         workers = []
-        for i in range(max(IN_FLIGHT.values())):  # interleaved, so that arrival order mixes the clients
-            for client, k in IN_FLIGHT.items():
+        for i in range(max(in_flight.values())):  # interleaved, so that arrival order mixes the clients
+            for client, k in in_flight.items():
                 if i < k:
                     workers.append(asyncio.create_task(worker(http, client)))
                     await asyncio.sleep(0.001)
@@ -83,3 +83,15 @@ def test_two_flooding_clients_get_equal_service_under_vtc_and_about_1_to_2_under
     for client in IN_FLIGHT:  # the gateway's own ledger agrees with what the clients received
         assert m[f'slora_gateway_client_service{{client="{client}"}}'] == REQUESTS * (PROMPT + 2 * OUTPUT)
         assert m[f'slora_gateway_requests_total{{client="{client}",outcome="finished"}}'] == REQUESTS
+
+
+def test_a_client_of_weight_2_gets_twice_the_service_under_vtc(upstreams, tmp_path):
+    """Both keep 8 in flight (so that light, needing 2/3 of the four slots, is always backlogged)
+    and send 48: heavy should have 24 when light has 48, within the same 7 requests as above:
+    a ratio in [17/48, 31/48] = [0.35, 0.65], apart from the equal-service bounds."""
+    clients = tmp_path / "clients.toml"
+    clients.write_text("[clients.light]\nweight = 2.0\n")
+    with gateway(*upstreams, scheduler="vtc", max_inflight=SLOTS_PER_UPSTREAM, clients_file=str(clients)) as gw:
+        done = asyncio.run(_flood(gw.url, {"light": 8, "heavy": 8}, requests=48))
+        gw.wait_idle()
+    assert 17 / 48 <= _service_ratio(done) <= 31 / 48
