@@ -36,7 +36,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         # no Nagle: a request's headers and body go out as two small writes, which must not wait for an ACK
         transport = httpx2.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        async with httpx2.AsyncClient(timeout=timeout, transport=transport) as http:
+        key = ctx.config.upstream_api_key
+        headers = {"authorization": f"Bearer {key}"} if key else None  # model lists and probes too, not only relayed requests
+        async with httpx2.AsyncClient(timeout=timeout, transport=transport, headers=headers) as http:
             ctx.http = http
             probes = asyncio.create_task(monitor(ctx))
             try:

@@ -220,3 +220,15 @@ def test_metrics_behind_a_key():
         refused = httpx2.get(f"{g.url}/metrics")
         assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
         assert "slora_gateway_waiting" in httpx2.get(f"{g.url}/metrics", headers={"Authorization": "Bearer secret"}).text
+
+
+def test_the_upstream_key_is_sent_and_a_client_s_own_key_passes_through_without_one():
+    fake = FakeUpstream()
+    body = {"prompt": "x", "max_tokens": 1}
+    with fake_upstream(fake) as url:
+        with gateway(url, upstream_api_key="up-key") as g:
+            httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer client-key"})
+            assert fake.headers[-1]["authorization"] == "Bearer up-key"
+        with gateway(url) as g:
+            httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer client-key"})
+            assert fake.headers[-1]["authorization"] == "Bearer client-key"
