@@ -70,6 +70,10 @@ class SlotBudget:
 
 
 class Dispatcher:
+    """The gateway's queues and its ledger: requests arrive (`submit`), get a slot (`pump`), are
+    charged as their tokens come (`on_tokens`, `reconcile`) and end exactly once (`finish`,
+    `fail`, `abort`)."""
+
     def __init__(self, scheduler: Scheduler, pool: UpstreamPool, cost: CostFunction, max_waiting: int,
                  clock: Callable[[], float] = time.monotonic):
         self.scheduler, self.pool, self.cost, self.max_waiting = scheduler, pool, cost, max_waiting
@@ -91,8 +95,10 @@ class Dispatcher:
         """Queue a request (or refuse it: 503 when nothing can serve it or the queue is full, 429
         over the client's rate limit); it may be dispatched at once."""
         if not self.pool.any_up:
+            self.stats[client].outcomes["rejected"] += 1
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
         if len(self._waiting) >= self.max_waiting:
+            self.stats[client].outcomes["rejected"] += 1
             raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting)", "server_error", "queue_full")
         now = self.now()
         req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))

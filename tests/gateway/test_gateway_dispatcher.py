@@ -121,7 +121,7 @@ def test_a_full_queue_and_a_rate_limit_are_refused_with_a_status():
         d.submit("a", 4, 4), d.submit("a", 4, 4)
         with pytest.raises(Busy) as full:
             d.submit("a", 4, 4)
-        assert full.value.status == 503
+        assert full.value.status == 503 and d.stats["a"].outcomes["rejected"] == 1
         limited = Dispatcher(scheduler_for("vtc", Clients(default=ClientConfig("", rpm=1))), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 10)
         limited.submit("a", 4, 4)
         with pytest.raises(Busy) as rate:
