@@ -77,9 +77,20 @@ class Engine:
         elif not self.scheduler.remove(req):
             return
         else:
-            self.memory.forget(req)
+            self._forget_waiting(req)
         self._end(req, State.ABORTED, reason)
         self.memory.evict_unused(self.running)
+
+    def finish(self, req: Request) -> None:
+        """End a request now as finished, as if it had generated a stop token (the serving path
+        found a stop string in its text); no-op once it has ended."""
+        if req in self.running:
+            req.stopped = True
+            self._retire([req])
+        elif self.scheduler.remove(req):  # preempted and waiting again: it keeps what it generated
+            self._forget_waiting(req)
+            req.stopped = True
+            self._end(req, State.FINISHED)
 
     @property
     def busy(self) -> bool:
@@ -151,8 +162,11 @@ class Engine:
 
     def _prefill(self, batch: list[Request]) -> None:
         self.memory.admit(batch)
+        now = self.clock.now()
         for req in batch:
             req.state = State.RUNNING
+            if req.first_admitted is None:
+                req.first_admitted = now
         self.running.extend(batch)
         self._apply(batch, self.backend.prefill(batch))
         self.memory.cache_prefill(r for r in batch if r.state is State.RUNNING)
@@ -220,11 +234,17 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self._release(req)
+        self.memory.release(req)
+        self.backend.release(req, preempted=True)
         req.state = State.WAITING
         req.preemptions += 1
         self.scheduler.on_preempt(req, self.clock.now())
         self.memory.evict_unused(self.running)
+
+    def _forget_waiting(self, req: Request) -> None:
+        """A waiting request leaves for good: what memory and backend kept for it since a preemption goes too."""
+        self.memory.forget(req)
+        self.backend.release(req)
 
     def _release(self, req: Request, keep_cache: bool = True) -> None:
         self.memory.release(req, keep_cache)

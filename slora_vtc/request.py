@@ -9,6 +9,14 @@ if TYPE_CHECKING:  # the simulator path imports no torch
     from slora_vtc.model.sampling import SamplingParams
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of a generated token under the model (before penalties and temperature)."""
+
+    logprob: float  # of the token that was chosen
+    top: tuple[tuple[int, float], ...] = ()  # the k most likely (id, logprob), most likely first
+
+
 class State(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -38,11 +46,13 @@ class Request:
     stop_tokens: tuple[int, ...] = ()  # end early once one of these is generated (the EOS ids); empty: ignore EOS
     stopped: bool = False
     sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when sampling.logprobs is not None
     added_tokens: int = 0  # tokens the serving path put before the client's prompt (a BOS); counted in prompt_len
     cached_len: int = 0  # tokens at the start of its latest prefill whose K/V came from the prefix cache
     cached_tokens: int = 0  # cached_len summed over its prefills (a preempted request is prefilled again)
     preemptions: int = 0
     recomputed: int = 0  # tokens whose K/V were computed again after a preemption
+    first_admitted: float | None = None  # when it was first admitted (its queue time ends)
 
     @property
     def prefill_len(self) -> int:

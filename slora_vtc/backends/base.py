@@ -41,8 +41,9 @@ class ModelBackend(ABC):
         `decodes_ahead`: a simulated backend, whose steps produce no tokens."""
         raise NotImplementedError(f"{type(self).__name__} runs one decode step at a time")
 
-    def release(self, req: Request) -> None:
-        """Forget per-request state (sampling state, caches) once the request has left."""
+    def release(self, req: Request, preempted: bool = False) -> None:
+        """The request left the running batch: forget its per-request state, except what a preempted
+        request needs when it comes back (a seeded request's generator)."""
 
     def has_adapter(self, name: str) -> bool:
         """Whether the backend can serve this LoRA adapter (a simulated one serves any name: it has no weights)."""

@@ -28,10 +28,11 @@ from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Prefil
 from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
-from slora_vtc.model.sampling import SamplingParams, sample
+from slora_vtc.model.sampler import BatchSampler
+from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.model.spec import ModelSpec, resolve_spec
 from slora_vtc.model.weights import load_weights
-from slora_vtc.request import Request
+from slora_vtc.request import Request, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class LlamaBackend(ModelBackend):
         self.rows = RequestRows(self.device)
         self.resident = AdapterRows(self.spec, self.device)
         self._host_weights = {a.name: peft_adapter(self.spec, a) for a in adapters.adapters if a.path is not None}  # read (and checked) once
-        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)  # dummy prompts, and unseeded sampling
+        self.sampler = BatchSampler(sampling, self._gen, self.spec.vocab_size, self.device)
         self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
 
     # -- the engine's interface ------------------------------------------------------------
@@ -140,8 +142,9 @@ class LlamaBackend(ModelBackend):
     def decode(self, reqs: list[Request]) -> StepResult:
         return self._timed(self._decode, reqs)
 
-    def release(self, req: Request) -> None:
+    def release(self, req: Request, preempted: bool = False) -> None:
         self.rows.remove(req.rid)
+        self.sampler.release(req, preempted)
 
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters
@@ -161,25 +164,29 @@ class LlamaBackend(ModelBackend):
     def _timed(self, run, reqs: list[Request], skip: set[int] = frozenset()) -> StepResult:
         start = time.perf_counter()
         tokens: list[int | None] = [None] * len(reqs)
+        logprobs: list[TokenLogprob | None] = [None] * len(reqs)
         failed = set(skip)
         todo = [i for i in range(len(reqs)) if i not in skip]
         try:
             if todo:
-                for i, t in zip(todo, run([reqs[i] for i in todo])):
-                    tokens[i] = t
+                for i, t, lp in zip(todo, *run([reqs[i] for i in todo])):
+                    tokens[i], logprobs[i] = t, lp
         except Exception as batch_error:  # isolate the failing requests: retry one by one
             log.warning("a batch of %d failed (%s); retrying request by request", len(todo), batch_error)
             for i in todo:
                 try:
-                    tokens[i] = run([reqs[i]])[0]
+                    (tokens[i],), (logprobs[i],) = run([reqs[i]])
                 except Exception as e:
                     log.warning("request %d failed in the model: %s", reqs[i].rid, e)
                     failed.add(i)
         self._sync()
+        for req, lp in zip(reqs, logprobs):  # the engine appends the token of each request that did not fail
+            if lp is not None:
+                req.output_logprobs.append(lp)
         return StepResult(tokens, time.perf_counter() - start, tuple(sorted(failed)))
 
     @torch.inference_mode()
-    def _prefill(self, reqs: list[Request]) -> list[int]:
+    def _prefill(self, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
         ids = self._prefill_ids(reqs)
         full = [r.prefill_len for r in reqs]
         cached = [r.cached_len for r in reqs]
@@ -202,12 +209,12 @@ class LlamaBackend(ModelBackend):
             positions, slots, prefix = ctx_positions, ctx_slots, None
         lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
         logits = self.model.forward(Prefill(tokens, positions, slots, cu_t, max(new), lora, prefix))
-        nxt = self._sample(reqs, logits)
+        nxt, logprobs = self._sample(reqs, logits)
         self.rows.lens[rows_t], self.rows.last[rows_t], self.rows.adapter[rows_t] = full_t, nxt, adapter_t
-        return nxt.tolist()
+        return nxt.tolist(), logprobs
 
     @torch.inference_mode()
-    def _decode(self, reqs: list[Request]) -> list[int]:
+    def _decode(self, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
         rows, new_slots = torch.tensor([[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[-1] for r in reqs]]).to(self.device)
         positions = self.rows.lens[rows]
         self.rows.table[rows, positions] = new_slots
@@ -215,22 +222,15 @@ class LlamaBackend(ModelBackend):
         max_len = max(r.held_tokens for r in reqs)  # == max(seq_lens), known on the host without a sync
         lora = self.resident.batch(self.rows.adapter[rows]) if any(self._adapter_of(r) >= 0 for r in reqs) else None
         batch = Decode(self.rows.last[rows], positions, new_slots, self.rows.table[rows, :max_len], seq_lens, lora)
-        nxt = self._sample(reqs, self.model.forward(batch))
+        nxt, logprobs = self._sample(reqs, self.model.forward(batch))
         self.rows.lens[rows], self.rows.last[rows] = seq_lens, nxt
-        return nxt.tolist()
+        return nxt.tolist(), logprobs
 
     # -- helpers --------------------------------------------------------------------------
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
         if self.on_logits is not None:
             self.on_logits(reqs, logits)
-        params = [r.sampling or self.sampling for r in reqs]
-        if all(p == params[0] for p in params):
-            return sample(logits, params[0], self._gen)
-        nxt = torch.empty(len(reqs), dtype=torch.int64, device=self.device)
-        for p in dict.fromkeys(params):  # one call per distinct setting, in first-seen order
-            rows = torch.tensor([i for i, q in enumerate(params) if q == p], device=self.device)
-            nxt[rows] = sample(logits[rows], p, self._gen)
-        return nxt
+        return self.sampler.sample(reqs, logits)
 
     def _adapter_of(self, req: Request) -> int:
         return -1 if req.adapter is None else self.resident.index.get(req.adapter, -1)

@@ -17,7 +17,8 @@ def cmd_serve(args) -> int:
                        dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout,
                        max_body_bytes=args.max_body_bytes, max_client_labels=args.max_client_labels,
                        client_idle_s=args.client_idle_timeout, metrics_key=args.metrics_key, max_inflight=args.max_inflight,
-                       max_waiting=args.max_waiting, backlog=args.backlog, keep_alive_s=args.keep_alive_timeout))
+                       max_waiting=args.max_waiting, backlog=args.backlog, keep_alive_s=args.keep_alive_timeout,
+                       prefix_cache=args.prefix_cache))
     return 0
 
 
@@ -49,6 +50,7 @@ def add_parsers(sub) -> None:
     srv.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the scheduler; more get a 503 with Retry-After (default 2048)")
     srv.add_argument("--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)")
     srv.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after this many seconds (default 5)")
+    srv.add_argument("--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)")
     srv.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench-http", help="replay a trace against a server over HTTP; writes a result file")

@@ -80,6 +80,21 @@ class Scheduler(ABC):
         """Each known client's service counter (read-only; for monitoring). Empty without counters."""
         return {}
 
+    def counter_of(self, client: str) -> float | None:
+        """One client's service counter (for monitoring); None for schedulers without counters."""
+        return None
+
+    def weight_of(self, client: str) -> float:
+        """One client's share weight (for monitoring); 1 for schedulers without weights."""
+        return 1.0
+
+    def forget(self, client: str, now: float) -> bool:
+        """Drop what is kept for a client with nothing waiting or running, where dropping it cannot
+        change any later decision (each scheduler's docstring says when). True: nothing more can be
+        dropped; False: ask again later (some of it may become droppable). The default, for
+        schedulers without per-client state: True."""
+        return True
+
 
 def arrival_key(req: Request) -> tuple[float, int]:
     """The order requests arrived in (rid breaks ties, as the engine numbers them in order)."""

@@ -11,7 +11,8 @@ backlogged clients stay within 2 (U + Q) of each other in W (Thm 4.1).
 What the paper leaves open, decided (each with its reason):
 - Idle clients: a client with nothing waiting or running leaves the refill set, keeping
   min(q, 0): credit saved while idle is not spent later (as VTC's lift), and pausing does not
-  clear a debt. A client seen for the first time starts at 0.
+  clear a debt. A client seen for the first time starts at 0. So forgetting an idle client
+  (`forget`) drops it where q = 0 (it would start at 0 again) and keeps only a debt.
 - Refill: repeated until a client with a waiting request has credit, since one +Q may not lift
   a debt of up to U > Q; never above Q, because only clients at q <= 0 get it.
 - Loop termination: the pass stops at the first request with credit that does not fit (the
@@ -70,6 +71,9 @@ class DLPM(FCFS):
 
     def counters(self) -> dict[str, float]:
         return self.deficits()
+
+    def counter_of(self, client: str) -> float | None:
+        return self._deficit.get(client, 0.0)
 
     def _active(self, client: str) -> bool:
         return self._waiting[client] + self._running[client] > 0
@@ -148,6 +152,15 @@ class DLPM(FCFS):
     def on_decode_step(self, running: list[Request], now: float) -> None:
         for req in running:
             self._charge_token(req)
+
+    def forget(self, client: str, now: float) -> bool:
+        if self._active(client):
+            return False
+        self._waiting.pop(client, None)
+        self._running.pop(client, None)
+        if self._deficit.get(client) == 0:
+            del self._deficit[client]
+        return True  # an idle debt never changes: nothing more to drop later
 
     def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
         """w_q per token: one product per client where the deficits are whole numbers (then it

@@ -16,7 +16,8 @@ class RateLimited(Scheduler):
     last 60 s (as RPM does); everything else is delegated to `inner`, unchanged.
 
     Limits are per client (`default` for clients not named, None: unlimited) and any scheduler
-    can sit underneath, VTC included.
+    can sit underneath, VTC included. Forgetting a client drops its window once every arrival in
+    it is older than 60 s (it would count none of them any more), and asks `inner` to forget it.
     """
 
     def __init__(self, inner: Scheduler, limits: Mapping[str, int], default: int | None = None):
@@ -87,6 +88,20 @@ class RateLimited(Scheduler):
 
     def counters(self) -> dict[str, float]:
         return self.inner.counters()
+
+    def counter_of(self, client: str) -> float | None:
+        return self.inner.counter_of(client)
+
+    def weight_of(self, client: str) -> float:
+        return self.inner.weight_of(client)
+
+    def forget(self, client: str, now: float) -> bool:
+        if client in self._accepted:
+            if self._recent(client, now):
+                self.inner.forget(client, now)
+                return False  # arrivals still in the window: ask again later
+            del self._accepted[client]
+        return self.inner.forget(client, now)
 
 
 class RPM(RateLimited):

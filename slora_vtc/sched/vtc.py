@@ -1,6 +1,28 @@
-"""Virtual Token Counter (paper section 4) and its variants: LCF, weighted, length prediction."""
+"""Virtual Token Counter (paper section 4) and its variants: LCF, weighted, length prediction.
+
+Forgetting an idle client (`VTC.forget`, for a client with nothing waiting or running) drops its
+record so that per-client state follows the active clients, not every name ever seen. What it
+leaves behind is only what a returning client needs to be treated exactly as if it had never
+been forgotten:
+- its registration order (an int): ties go to the earlier client, and a lifted returner ties
+  with the client whose counter lifted it, so this decides who goes first;
+- its counter, unless the lift gives it back. A returner is registered with counter 0 and lifted
+  to max(0, F), F the lift floor at its return; had it been kept it would get max(c, F). These
+  agree when c = 0, and under Lift.PAPER when c <= F at every later return. Without length
+  prediction (no refunds) and without set_counter, every client that is waiting or running, and
+  the last to leave the queue, keeps a counter >= B = min(the floor now, the counters of the
+  clients now running, the last to leave's counter): counters only grow, a lifted arrival
+  starts at >= the floor, the admitted (and a preempted one, back in the queue) were at >= B
+  already, removing a waiting request only shrinks the set. Once a client has left the queue
+  there always is a floor, so every later floor is >= B, and c <= B makes dropping c exact. Otherwise (c > B,
+  Lift.ARTIFACT or Lift.NONE where an idle client keeps its counter, refunds with a predictor,
+  counters overwritten by a router) the counter is kept: forget returns False only where a later
+  call may still drop it (c > B under those rules; B only grows). A predictor's own per-client
+  state (vtc-avg's moving averages) is kept too: a returner is predicted from it.
+"""
 
 import heapq
+import itertools
 from collections import Counter, deque
 from dataclasses import dataclass
 from enum import Enum
@@ -50,6 +72,7 @@ class _Admitted:
     input: float  # x_eff: uncached prompt tokens + charge_cached * cached ones
     predicted: float  # predicted output length (0 without prediction)
     charged: int  # highest token number charged for (token 1, the prefill's, is free)
+    client: str = ""
 
 
 class VTC(Scheduler):
@@ -95,13 +118,27 @@ class VTC(Scheduler):
         self._last_left: str | None = None
         self._waiting = 0
         self._queued: dict[str, _Client] = {}  # clients with a waiting request (not every client ever seen)
+        self._registered = 0  # clients registered so far (their orders)
+        self._stamps = itertools.count(1)  # heap-entry versions, never reused (a forgotten client's stale entries stay stale)
+        self._orders: dict[str, int] = {}  # forgotten clients -> their registration order
+        self._kept: dict[str, float] = {}  # forgotten clients whose counter the lift would not give back -> it
+        self._left_counter: float | None = None  # the last client to leave, once forgotten: its counter
+        self._overwritten = False  # set_counter was used: counters may drop, so forgetting keeps them
 
     # -- counters -------------------------------------------------------------------------
     def counter(self, client: str) -> float:
-        return self._clients[client].counter if client in self._clients else 0.0
+        if client in self._clients:
+            return self._clients[client].counter
+        return self._kept.get(client, 0.0)
 
     def counters(self) -> dict[str, float]:
         return {name: c.counter for name, c in self._clients.items()}
+
+    def counter_of(self, client: str) -> float | None:
+        return self.counter(client)
+
+    def weight_of(self, client: str) -> float:
+        return self._clients[client].weight if client in self._clients else self.weights.get(client, 1.0)
 
     def min_waiting_client(self) -> str | None:
         """The waiting client with the smallest counter (None when nobody waits); O(log clients)."""
@@ -109,22 +146,26 @@ class VTC(Scheduler):
 
     def set_counter(self, name: str, value: float) -> None:
         """Overwrite a client's counter (a router adopting the cluster-wide totals), keeping the heap valid."""
+        self._overwritten = True
         client = self._client(name)
         client.counter = value
         if client.queue:
-            client.version += 1
+            client.version = next(self._stamps)
             self._push(name)
 
     def _client(self, name: str) -> _Client:
         if name not in self._clients:
-            self._clients[name] = _Client(len(self._clients), weight=self.weights.get(name, 1.0), queue=deque())
+            order = self._orders.pop(name, None)
+            if order is None:
+                order, self._registered = self._registered, self._registered + 1
+            self._clients[name] = _Client(order, self._kept.pop(name, 0.0), weight=self.weights.get(name, 1.0), queue=deque())
         return self._clients[name]
 
     def _charge(self, name: str, service: float) -> None:
         client = self._clients[name]
         client.counter += service / client.weight
         if service < 0 and client.queue:
-            client.version += 1
+            client.version = next(self._stamps)
             self._push(name)
 
     def _push(self, name: str) -> None:
@@ -135,8 +176,8 @@ class VTC(Scheduler):
         """The waiting client with the smallest counter (stale heap entries are refreshed lazily)."""
         while self._heap:
             counter, _, version, name = self._heap[0]
-            c = self._clients[name]
-            if version != c.version or not c.queue:
+            c = self._clients.get(name)
+            if c is None or version != c.version or not c.queue:
                 heapq.heappop(self._heap)
             elif counter != c.counter:  # counters only grow between pushes: re-key and retry
                 heapq.heapreplace(self._heap, (c.counter, c.order, c.version, name))
@@ -149,7 +190,7 @@ class VTC(Scheduler):
         client = self._client(req.client)
         if not client.queue:
             self._lift(client)
-            client.version += 1
+            client.version = next(self._stamps)
             client.queue.append(req)
             self._queued[req.client] = client
             self._push(req.client)
@@ -161,11 +202,22 @@ class VTC(Scheduler):
     def _lift(self, client: _Client) -> None:
         if self.lift is Lift.NONE:
             return
+        floor = self._floor()
+        if floor is not None:
+            client.counter = max(client.counter, floor)
+
+    def _floor(self) -> float | None:
+        """What an arriving client with an empty queue is lifted to (None: no lift)."""
+        if self.lift is Lift.NONE:
+            return None
         other = self._min_waiting()
-        if other is None and self.lift is Lift.PAPER:
-            other = self._last_left
         if other is not None:
-            client.counter = max(client.counter, self._clients[other].counter)
+            return self._clients[other].counter
+        if self.lift is not Lift.PAPER:
+            return None
+        if self._last_left is None:
+            return self._left_counter
+        return self._clients[self._last_left].counter
 
     def select(self, budget: Budget, now: float) -> list[Request]:
         admitted = []
@@ -177,7 +229,7 @@ class VTC(Scheduler):
             client.queue.popleft()
             self._waiting -= 1
             if not client.queue:
-                self._last_left = name
+                self._last_left, self._left_counter = name, None
                 del self._queued[name]
             if req.generated:  # only a preempted request comes back with tokens
                 self._charge_readmission(req, budget)
@@ -190,7 +242,7 @@ class VTC(Scheduler):
         cached = budget.cached_len(req) if self.charge_cached != 1 else 0  # x_eff = x when cached tokens weigh 1
         x_eff = req.prompt_len - (1 - self.charge_cached) * cached
         predicted = self.predictor.predict(req) if self.predictor else 0.0
-        self._predicted[req.rid] = _Admitted(x_eff, predicted, charged=req.generated + 1)
+        self._predicted[req.rid] = _Admitted(x_eff, predicted, charged=req.generated + 1, client=req.client)
         self._charge(req.client, self.cost(x_eff, predicted))
 
     def _charge_readmission(self, req: Request, budget: Budget) -> None:
@@ -286,7 +338,7 @@ class VTC(Scheduler):
     def on_preempt(self, req: Request, now: float) -> None:
         client = self._client(req.client)
         if not client.queue:  # back into the heap, without a lift: it was being served
-            client.version += 1
+            client.version = next(self._stamps)
             requeue(client.queue, req)
             self._queued[req.client] = client
             self._push(req.client)
@@ -329,3 +381,34 @@ class VTC(Scheduler):
         """A preempted request that ends while waiting is settled like an aborted running one."""
         if req.generated:
             self._settle(req)
+
+    # -- forgetting idle clients (module docstring: what is kept, and why that is exact) ----------
+    def forget(self, client: str, now: float) -> bool:
+        running = {admitted.client for admitted in self._predicted.values()}
+        record = self._clients.get(client)
+        if record is not None:
+            if record.queue or client in running:
+                return False  # not idle: the caller asked too early
+            del self._clients[client]
+            self._orders[client] = record.order
+            if self._last_left == client:
+                self._last_left, self._left_counter = None, record.counter
+            counter = record.counter
+        elif client in self._kept:  # asked again: the bound may have risen
+            counter = self._kept.pop(client)
+        else:
+            return True
+        recoverable = self.lift is Lift.PAPER and self.predictor is None and not self._overwritten
+        if counter == 0 or (recoverable and (bound := self._lowest_floor(running)) is not None and counter <= bound):
+            return True
+        self._kept[client] = counter
+        return not recoverable
+
+    def _lowest_floor(self, running: set[str]) -> float | None:
+        """B of the module docstring: no later floor is below it (None: there may be no floor,
+        which is so until a client first leaves the queue: waiting clients may all be removed)."""
+        floor = self._floor()
+        if floor is None or (self._last_left is None and self._left_counter is None):
+            return None
+        left = self._left_counter if self._last_left is None else self._clients[self._last_left].counter
+        return min([floor, *(self._clients[name].counter for name in running), *(() if left is None else (left,))])

@@ -6,20 +6,20 @@ the lifespan's exit aborts whatever is left and joins the thread.
 """
 
 import asyncio
+from collections import Counter
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from slora_vtc.server import openai_api, slora_api, utility_api
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError, error_body
+from slora_vtc.server.http_metrics import StatusCounter, metrics
 from slora_vtc.server.limits import BodyLimit
-from slora_vtc.server.metrics import render
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -42,6 +42,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(utility_api.router)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.state.http_counts = Counter()
+    routes = [*openai_api.router.routes, *slora_api.router.routes, *utility_api.router.routes,
+              *(r for r in app.router.routes if hasattr(r, "path"))]
+    app.add_middleware(StatusCounter, counts=app.state.http_counts, routes=routes)  # outermost: counts the 413s too
     return app
 
 
@@ -52,11 +56,6 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
     if ctx.service.error:
         body["error"] = ctx.service.error
     return JSONResponse(body, status_code=200 if ok else 503)
-
-
-async def metrics(ctx: ServerContext = Depends(context)) -> Response:
-    snap = await asyncio.wrap_future(ctx.service.snapshot())
-    return Response(render(snap), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -37,6 +37,7 @@ class ServerConfig:
     max_waiting: int = 2048  # requests queued in the scheduler; more get a 503 with Retry-After
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
+    prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -76,7 +77,8 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
         if client.adapter and client.adapter not in adapters:
             known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
             raise UserError(f"{config.clients_file}: client '{client.name}' uses LoRA adapter '{client.adapter}', which this server does not have (known: {known})")
-    return EngineConfig(pool_tokens=config.pool_tokens, lora_rank=0, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=adapters.sizes(spec))
+    return EngineConfig(pool_tokens=config.pool_tokens, lora_rank=0, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=adapters.sizes(spec),
+                        prefix_cache=config.prefix_cache)
 
 
 def build_context(config: ServerConfig) -> ServerContext:
@@ -88,7 +90,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
-    service = EngineService(_engine(config, engine_config, scheduler, adapters))
+    service = EngineService(_engine(config, engine_config, scheduler, adapters), config.client_idle_s, config.max_client_labels)
     return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
 
 

@@ -3,20 +3,22 @@
 `model` names the base model (the client's own adapter, if its clients-file entry has one) or a
 served LoRA adapter, which then serves the request (as vLLM's --lora-modules); any other name is
 a 404.
+Completions take several prompts, n and best_of, echo and logprobs; both take stop strings and
+stop_token_ids, seed, and presence / frequency / repetition penalties (openai_reply.py numbers
+the choices).
 """
 
 import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 
+from slora_vtc.model.sampling import SamplingParams
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import Caller, caller, context
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.generation import Generation, new_request, prompt_ids, room, sampling, sse, sse_response
+from slora_vtc.server.generation import Generation, collect_all, new_request, prompt_ids, room, sampling, sse_response, start_all
+from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
 from slora_vtc.server.protocol import ChatRequest, CompletionRequest, OpenAIParams
 
 router = APIRouter()
@@ -61,75 +63,49 @@ def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> st
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, http: Request, who: Caller = Depends(caller)):
     ctx, client = who.ctx, who.client(body.user)
-    _check_model(ctx, body.model)
-    ids = await asyncio.to_thread(prompt_ids, ctx, body.prompt)  # off the event loop: a long prompt must not stall streams
-    gen = await _start(ctx, client, body, ids, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS)
-    reply = _Reply(ctx, "cmpl", "text_completion", body.include_usage)
+    adapter = _adapter(ctx, body, client)
+    prompts = body.prompts
+    ids = await asyncio.to_thread(lambda: [prompt_ids(ctx, p) for p in prompts])  # off the event loop: a long prompt must not stall streams
+    gens = await _start(ctx, client, body, ids, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, adapter)
+    echoes = [p if isinstance(p, str) else ctx.tokenizer.decode(i) for p, i in zip(prompts, ids)] if body.echo else None
+    reply = Reply(ctx, "cmpl", CompletionChoices(ctx, body, echoes), body.include_usage)
     if body.stream:
-        return sse_response(gen, reply.stream(gen, _text_choice))
-    text = await gen.collect(http)
-    return reply.whole(gen, _text_choice(text, gen.end.finish_reason))
+        return sse_response(gens, reply.stream(gens))
+    await collect_all(gens, http)
+    return reply.whole(gens, body.n)
 
 
 @router.post("/v1/chat/completions")
 async def chat(body: ChatRequest, http: Request, who: Caller = Depends(caller)):
     ctx, client = who.ctx, who.client(body.user)
-    _check_model(ctx, body.model)
+    adapter = _adapter(ctx, body, client)
     ids = await asyncio.to_thread(lambda: prompt_ids(ctx, ctx.tokenizer.chat_prompt([(m.role, m.text) for m in body.messages])))
-    max_tokens = body.max_completion_tokens or body.max_tokens or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), _adapter(ctx, body, client))))
-    gen = await _start(ctx, client, body, ids, max_tokens)
-    reply = _Reply(ctx, "chatcmpl", "chat.completion", body.include_usage)
+    max_tokens = body.max_completion_tokens or body.max_tokens or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), adapter)))
+    gens = await _start(ctx, client, body, [ids], max_tokens, adapter)
+    reply = Reply(ctx, "chatcmpl", ChatChoices(ctx, body), body.include_usage)
     if body.stream:
-        return sse_response(gen, reply.stream(gen, _delta_choice, opening={"role": "assistant", "content": ""}))
-    text = await gen.collect(http)
-    message = {"role": "assistant", "content": text}
-    return reply.whole(gen, {"index": 0, "message": message, "logprobs": None, "finish_reason": gen.end.finish_reason})
+        return sse_response(gens, reply.stream(gens))
+    await collect_all(gens, http)
+    return reply.whole(gens, body.n)
 
 
-async def _start(ctx: ServerContext, client: ClientConfig, body: OpenAIParams, ids: list[int], max_tokens: int) -> Generation:
-    params = sampling(body.temperature, body.top_p, body.top_k)
-    return await Generation.start(ctx, new_request(ctx, client, ids, max_tokens, params, body.ignore_eos, _adapter(ctx, body, client)))
+async def _start(ctx: ServerContext, client: ClientConfig, body: OpenAIParams, prompts: list[list[int]], max_tokens: int,
+                 adapter: str | None) -> list[Generation]:
+    """One generation per prompt and sequence, prompt-major, started together."""
+    stop_ids = _stop_ids(ctx, body)
+    requests = [new_request(ctx, client, ids, max_tokens, _sampling(body, j), body.ignore_eos, adapter, stop_ids)
+                for ids in prompts for j in range(body.sequences)]
+    return await start_all(ctx, requests, body.stop_strings)
 
 
-def _text_choice(text: str, finish: str | None) -> dict:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+def _sampling(body: OpenAIParams, sequence: int) -> SamplingParams:
+    return sampling(body.temperature, body.top_p, body.top_k, seed=body.seed_of(sequence), presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty, logprobs=body.engine_logprobs())
 
 
-def _delta_choice(text: str, finish: str | None, delta: dict | None = None) -> dict:
-    return {"index": 0, "delta": delta if delta is not None else ({"content": text} if text else {}),
-            "logprobs": None, "finish_reason": finish}
-
-
-class _Reply:
-    """The envelope shared by every response and chunk of one request."""
-
-    def __init__(self, ctx: ServerContext, prefix: str, kind: str, include_usage: bool):
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.kind, self.model, self.created = kind, ctx.model_name, int(time.time())
-        self.include_usage = include_usage
-
-    def _envelope(self, kind: str, **fields) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, **fields}
-
-    def whole(self, gen: Generation, choice: dict) -> dict:
-        return self._envelope(self.kind, choices=[choice], usage=gen.usage())
-
-    async def stream(self, gen: Generation, choice, opening: dict | None = None) -> AsyncIterator[str]:
-        """Chunks as tokens come: text deltas, the finish reason, usage if asked for, [DONE].
-
-        `opening` (chat: the assistant role) is sent at once, before the first token."""
-        kind = f"{self.kind}.chunk" if self.kind == "chat.completion" else self.kind
-        usage = {"usage": None} if self.include_usage else {}
-        if opening is not None:
-            yield sse(self._envelope(kind, choices=[choice("", None, opening)], **usage))
-        async for delta in gen.deltas():
-            if delta.text:
-                yield sse(self._envelope(kind, choices=[choice(delta.text, None)], **usage))
-        end = gen.end
-        if end.finish_reason == "abort":
-            yield sse({"error": {"message": f"the request was aborted: {end.reason}", "type": "server_error"}})
-        else:
-            yield sse(self._envelope(kind, choices=[choice("", end.finish_reason)], **usage))
-            if self.include_usage:
-                yield sse(self._envelope(kind, choices=[], usage=gen.usage()))
-        yield sse("[DONE]")
+def _stop_ids(ctx: ServerContext, body: OpenAIParams) -> tuple[int, ...]:
+    vocab = ctx.spec.vocab_size
+    bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"stop_token_ids: token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+    return tuple(body.stop_token_ids or ())

@@ -1,26 +1,28 @@
 """Request bodies of the HTTP API: OpenAI completions and chat, S-LoRA's /generate.
 
 Unknown fields are ignored (clients send many); fields that would change the output in a way
-this server does not implement (n > 1, stop strings, logprobs, ...) are refused by name. Values
+this server does not implement (suffix, logit_bias, tools, min_p, ...) are refused by name. Values
 are not coerced: `"max_tokens": "16"` and `"stream": "yes"` are refused, as is text that is not
 valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from slora_vtc.model.sampling import MAX_LOGPROBS, SEED_RANGE
 
 Prompt = str | list[int]
 
 # field -> values that mean "not used"; anything else is refused (None is always fine)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
-    "suffix": ("",), "logit_bias": ({},), "stop": ("", []), "presence_penalty": (0,),
-    "frequency_penalty": (0,), "seed": (), "tools": ([],), "response_format": ({"type": "text"},),
+    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "response_format": ({"type": "text"},),
     # vLLM's extensions that change the output
-    "stop_token_ids": ([],), "min_p": (0,), "min_tokens": (0,), "repetition_penalty": (1,),
+    "min_p": (0,), "min_tokens": (0,),
 }
-
+CHAT_UNSUPPORTED = {**UNSUPPORTED, "best_of": (1,), "echo": (False,)}  # completions only
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_SEQUENCES = 64  # prompts x best_of (or n) in one request
 
 STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool
 
@@ -65,16 +67,28 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+
+
 class OpenAIParams(BaseModel):
     """Fields shared by completions and chat."""
 
     model_config = STRICT
-    model: str | None = None  # any name: this server serves one model
+    unsupported: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED
+    model: str | None = None  # the base model or an adapter (see openai_api)
     max_tokens: int | None = Field(None, gt=0)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)  # extension (vLLM's): 0 or -1 is off
     ignore_eos: bool = False  # extension: generate exactly max_tokens tokens
+    stop: UnicodeText | list[UnicodeText] | None = None
+    stop_token_ids: list[int] | None = None  # extension (vLLM's): stop tokens added to EOS
+    n: int = Field(1, ge=1, le=MAX_SEQUENCES)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # vLLM takes 64-bit integers
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)  # extension (vLLM's)
+    return_tokens_as_token_ids: bool = False  # extension (vLLM's): logprobs name tokens "token_id:ID"
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -83,29 +97,83 @@ class OpenAIParams(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name, unused in UNSUPPORTED.items():
+            data = {k: v for k, v in data.items() if v is not None}  # null means not given (`"n": null` is n = 1)
+            for name, unused in cls.unsupported.items():
                 value = data.get(name)
                 if value is not None and not any(value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused):
                     raise ValueError(f"'{name}' is not supported by this server (got {value!r})")
         return data
 
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four(cls, value):
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings (got {len(value)})")
+        return value
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return tuple(s for s in stops if s)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences generated per prompt."""
+        return self.n
+
+    def seed_of(self, sequence: int) -> int | None:
+        """Sequence j of a prompt samples with seed + j (mod 2**64): each is reproducible, and they differ."""
+        return None if self.seed is None else (self.seed + sequence) % SEED_RANGE
+
+    def engine_logprobs(self) -> int | None:
+        """What the engine computes per token: None, or the chosen token's logprob and this many more."""
+        return None
+
 
 class CompletionRequest(OpenAIParams):
     prompt: str | list[int] | list[str] | list[list[int]]
+    best_of: int | None = Field(None, ge=1, le=MAX_SEQUENCES)  # generate this many, return the n most likely
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value):
+    def _prompt(cls, value):
         value = _text_or_ids(value)
         if isinstance(value, list) and value and isinstance(value[0], str | list):
-            if len(value) != 1:
-                raise ValueError("one prompt per request (batched prompts are not supported)")
-            return _single_prompt(value[0])
+            return [_single_prompt(p) for p in value]
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.stream and self.sequences > self.n:
+            raise ValueError("'best_of' greater than 'n' cannot be streamed")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("'echo' with 'logprobs' is not supported by this server (it needs the prompt's logprobs)")
+        if len(self.prompts) * self.sequences > MAX_SEQUENCES:
+            raise ValueError(f"{len(self.prompts)} prompts x {self.sequences} sequences each is more than {MAX_SEQUENCES} in one request")
+        return self
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """Each prompt of the request (a list of strings or of id lists is several)."""
+        p = self.prompt
+        return p if isinstance(p, list) and p and isinstance(p[0], str | list) else [p]
+
+    @property
+    def sequences(self) -> int:
+        return self.best_of or self.n
+
+    def engine_logprobs(self) -> int | None:
+        if self.logprobs is None and self.sequences > self.n:
+            return 0  # best_of ranks sequences by their cumulative logprob
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -127,8 +195,20 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(OpenAIParams):
+    unsupported: ClassVar[dict[str, tuple[Any, ...]]] = CHAT_UNSUPPORTED
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return self
+
+    def engine_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class GenerateParameters(BaseModel):

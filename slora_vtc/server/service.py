@@ -4,6 +4,12 @@ Only the engine thread touches the engine, its scheduler and its pool. Handlers 
 through a thread-safe inbox, drained between steps (the thread sleeps on it while idle). After
 every step the thread sends each request's new tokens (and, when it ends, its final state) to the
 request's asyncio queue: one loop.call_soon_threadsafe per step for all requests together.
+
+Idle clients (nothing queued or running for `client_idle_s` on the engine clock) are forgotten:
+their numbers leave `stats` (the total keeps them) and the scheduler drops what it can
+(Scheduler.forget; asked again after another idle period where it says some may go later). The
+thread checks the oldest idle client after each round of commands and sleeps no longer than
+until it is due, so expiry costs O(1) while nothing is due.
 """
 
 import asyncio
@@ -14,12 +20,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from slora_vtc.engine import Engine
-from slora_vtc.request import Request, State
-from slora_vtc.server.stats import ClientStats, Snapshot
+from slora_vtc.request import Request, State, TokenLogprob
+from slora_vtc.server.stats import OTHER, ServerStats, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,7 @@ class Accepted:
 @dataclass(frozen=True)
 class Tokens:
     ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,28 @@ class _Live:
     sub: Subscriber
     sent: int = 0  # output ids already sent
     counted: int = 0  # generated tokens already in the client's stats
+    last_token_at: float = 0.0  # engine clock, when the latest counted token came
+
+
+class LiveRequests(dict):
+    """The requests in the server (submitted, not ended) -> their _Live, counted per client, so
+    that a client going idle (its last request ends) or busy again is known in O(1)."""
+
+    def __init__(self, on_busy: Callable[[str], None], on_idle: Callable[[str], None]):
+        super().__init__()
+        self._on_busy, self._on_idle = on_busy, on_idle
+
+    def __setitem__(self, req: Request, live: _Live) -> None:
+        if req not in self:
+            self._on_busy(req.client)
+        super().__setitem__(req, live)
+
+    def pop(self, req: Request, *default):
+        had = req in self
+        live = super().pop(req, *default)
+        if had:
+            self._on_idle(req.client)
+        return live
 
 
 def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
@@ -84,18 +113,19 @@ def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
 
 
 class EngineService:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100):
         self.engine = engine
         engine.on_end = self._on_end
         self.clock = engine.clock
-        self.stats: dict[str, ClientStats] = defaultdict(ClientStats)  # engine thread only
+        self.client_idle_s = client_idle_s
+        self.stats = ServerStats(max_client_labels, self.clock.now)  # engine thread only
         self.error: str | None = None
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         # orders `closed` against puts, so no command is left unanswered; re-entrant because a
         # signal handler may call stop() while the same thread is inside _send
         self._lock = threading.RLock()
         self._closed = False
-        self._live: dict[Request, _Live] = {}
+        self._live = LiveRequests(self.stats.begin, self.stats.end)
         self._outbox: list[tuple[Subscriber, Event]] = []
         self._stop_at: float | None = None  # monotonic deadline of the shutdown drain
         self._thread = threading.Thread(target=self._run, name="slora-engine", daemon=True)
@@ -118,6 +148,13 @@ class EngineService:
             self._send(partial(self._abort, req, reason))
         except ServiceStopped:
             pass  # the engine thread aborted everything on its way out
+
+    def finish(self, req: Request) -> None:
+        """End a request as finished (a stop string matched its text) before its next step."""
+        try:
+            self._send(partial(self._finish, req))
+        except ServiceStopped:
+            pass
 
     def snapshot(self) -> Future:
         """Per-client stats with the engine's queues, counters and pool, taken between two steps."""
@@ -158,10 +195,11 @@ class EngineService:
     def _run(self) -> None:
         try:
             while not self._done():
-                self._take_commands(block=not self.engine.busy)
+                self._take_commands(block=not self.engine.busy, timeout=self.stats.until_due(self.client_idle_s))
                 if self.engine.busy and not self._step():
                     self._take_commands(block=True, timeout=STUCK_WAIT_S)
                 self._flush()
+                self._housekeeping()
         except Exception as e:  # a bug in the engine: end every request instead of hanging them
             log.exception("the engine thread failed")
             self.error = f"engine failed: {type(e).__name__}: {e}"
@@ -178,6 +216,8 @@ class EngineService:
         return True
 
     def _take_commands(self, block: bool, timeout: float | None = None) -> None:
+        if timeout == 0:
+            block = False
         try:
             command = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
             while True:
@@ -207,6 +247,10 @@ class EngineService:
         if req in self._live:
             self.engine.abort(req, reason)
 
+    def _finish(self, req: Request) -> None:
+        if req in self._live:
+            self.engine.finish(req)
+
     def _call(self, fn: Callable[[], object], future: Future) -> None:
         if not future.set_running_or_notify_cancel():
             return
@@ -216,21 +260,41 @@ class EngineService:
             future.set_exception(e)
 
     def _snapshot(self) -> Snapshot:
-        engine = self.engine
-        names = set(self.stats) | {r.client for r in engine.running}
-        counters = engine.scheduler.counters()
+        """O(labelled clients + running requests): never a pass over every client."""
+        self._housekeeping()  # what is due is shown gone
+        engine, stats, now = self.engine, self.stats, self.clock.now()
+        clients = stats.labelled()
         running: dict[str, int] = {}
         for req in engine.running:
-            running[req.client] = running.get(req.client, 0) + 1
+            name = req.client if req.client in stats.labels else OTHER
+            running[name] = running.get(name, 0) + 1
+        waiting = {name: s.live - running.get(name, 0) for name, s in clients.items()}
+        counters = {name: engine.scheduler.counter_of(name) for name in stats.labels}
+        counters = {name: value for name, value in counters.items() if value is not None}
         return Snapshot(
-            clients={name: replace(self.stats[name]) for name in names},
-            counters={name: counters.get(name, 0.0) for name in names} if counters else {},
-            waiting=engine.scheduler.waiting_by_client(),
-            running=running,
+            clients=clients,
+            counters=counters,
+            weights={name: engine.scheduler.weight_of(name) for name in counters},
+            shares=stats.shares(now),
+            waiting=waiting,
+            running={name: running.get(name, 0) for name in clients},
+            jain=stats.window.jain(),
+            active_clients=stats.window.active,
+            known_clients=len(stats.clients),
+            forgotten_clients=stats.forgotten,
+            prefix_cache=engine.memory.cache is not None,
             pool_size=engine.memory.pool.size,
             pool_used=engine.memory.pool.num_used,
             adapters_resident=len(engine.memory.adapters),
         )
+
+    # -- idle clients ---------------------------------------------------------------------
+    def _housekeeping(self) -> None:
+        now = self.clock.now()
+        for client in self.stats.due(self.client_idle_s):
+            if not self.engine.scheduler.forget(client, now):
+                self.stats.remind(client)  # ask the scheduler again after another idle period
+        self.stats.relabel(now)
 
     def _stop(self, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s
@@ -241,16 +305,45 @@ class EngineService:
         if live is None:
             return
         self._send_tokens(req, live)
-        self.stats[req.client].ended(req.state)
+        self._end_stats(req)
         self._emit(live.sub, Ended.of(req))
 
     def _send_tokens(self, req: Request, live: _Live) -> None:
-        if req.generated > live.counted:
-            self.stats[req.client].served(req.prompt_len if live.counted == 0 else 0, req.generated - live.counted)
-            live.counted = req.generated
+        self._account(req, live)
         if len(req.output_ids) > live.sent:
-            self._emit(live.sub, Tokens(tuple(req.output_ids[live.sent :])))
+            self._emit(live.sub, Tokens(tuple(req.output_ids[live.sent :]), tuple(req.output_logprobs[live.sent :])))
             live.sent = len(req.output_ids)
+
+    def _account(self, req: Request, live: _Live) -> None:
+        """Served tokens and their latencies, once per token (engine clock)."""
+        new = req.generated - live.counted
+        if new <= 0:
+            return
+        now = self.clock.now()
+        mine, total = self.stats.both(req.client)
+        if live.counted == 0:
+            for s in (mine, total):
+                s.time_to_first_token.observe(req.first_token_time - req.arrival)
+                if req.first_admitted is not None:
+                    s.queue_time.observe(req.first_admitted - req.arrival)
+            self.stats.served(req.client, req.prompt_len, req.cached_tokens, new, now)
+            live.last_token_at = req.first_token_time
+            new -= 1
+        else:
+            self.stats.served(req.client, 0, 0, new, now)
+        for s in (mine, total):
+            for _ in range(new):  # several tokens at once: the gap shared among them
+                s.token_gap.observe((now - live.last_token_at) / new)
+        if new:
+            live.last_token_at = now
+        live.counted = req.generated
+
+    def _end_stats(self, req: Request) -> None:
+        for s in self.stats.both(req.client):
+            s.ended(req.state)
+            if req.state is State.FINISHED:
+                s.stopped += req.stopped
+                s.latency.observe(req.finish_time - req.arrival)
 
     def _abort_all(self, reason: str) -> None:
         for req in list(self._live):

@@ -30,7 +30,7 @@ async def generate(body: GenerateRequest, http: Request, who: Caller = Depends(c
 @router.post("/generate_stream")
 async def generate_stream(body: GenerateRequest, who: Caller = Depends(caller)):
     gen = await _start(who, body)
-    return sse_response(gen, _events(gen))
+    return sse_response([gen], _events(gen))
 
 
 async def _start(who: Caller, body: GenerateRequest) -> Generation:

@@ -98,12 +98,13 @@ def test_server_on_a_model_folder_uses_its_tokenizer(hf_folder):
 
 # -- request bodies ----------------------------------------------------------------------------------
 def test_request_bodies():
-    assert CompletionRequest(prompt=["one"]).prompt == "one"
-    assert CompletionRequest(prompt=[[1, 2]]).prompt == [1, 2]
-    assert CompletionRequest(prompt="x", stop=[], n=1, logprobs=None, presence_penalty=0.0).prompt == "x"
-    with pytest.raises(ValueError, match="'logprobs' is not supported"):
-        CompletionRequest(prompt="x", logprobs=2)
-    with pytest.raises(ValueError, match="'n' is not supported"):
+    assert CompletionRequest(prompt=["one"]).prompts == ["one"]
+    assert CompletionRequest(prompt=[[1, 2], [3]]).prompts == [[1, 2], [3]]
+    assert CompletionRequest(prompt=[1, 2]).prompts == [[1, 2]]
+    assert CompletionRequest(prompt="x", stop=[], n=1, logprobs=None, presence_penalty=0.0).prompts == ["x"]
+    with pytest.raises(ValueError, match="'suffix' is not supported"):
+        CompletionRequest(prompt="x", suffix="y")
+    with pytest.raises(ValueError, match="n\n  Input should be a valid integer"):
         CompletionRequest(prompt="x", n=True)
     assert ChatRequest(messages=[{"role": "user", "content": None}]).messages[0].text == ""
 
