@@ -10,7 +10,7 @@ def cmd_gateway(args) -> int:
                               connect_timeout_s=args.connect_timeout, upstream_timeout_s=args.upstream_timeout,
                               upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes,
                               probe_interval_s=args.probe_interval, log_level=args.log_level, metrics_key=args.metrics_key,
-                              drain_s=args.drain_timeout))
+                              drain_s=args.drain_timeout, client_idle_s=args.client_idle_timeout))
     return 0
 
 
@@ -31,6 +31,7 @@ def add_parsers(sub) -> None:
     gw.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)")
     gw.add_argument("--probe-interval", type=float, default=0.5, help="seconds between probes of the upstreams' health and queue metrics (default 0.5)")
     gw.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
+    gw.add_argument("--client-idle-timeout", type=float, default=600.0, help="forget a client idle this many seconds (default 600; VTC lifts it on return)")
     gw.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to let requests finish before cancelling them (default 30)")
     gw.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="uvicorn's log level; warning and above drop the access log (default info)")
     gw.set_defaults(func=cmd_gateway)

@@ -36,6 +36,7 @@ class GatewayConfig:
     probe_interval_s: float = 0.5  # how often the upstreams' health and queue metrics are read
     log_level: str = "info"  # uvicorn's; "warning" drops the access log
     metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it names clients)
+    client_idle_s: float = 600.0  # a client with nothing waiting or in flight this long is forgotten (VTC lifts it on return)
     drain_s: float = 30.0  # on SIGINT / SIGTERM: let in-flight and queued requests finish this long, then cancel them
 
     def check(self) -> None:
@@ -54,6 +55,6 @@ class GatewayConfig:
         if not 0 <= self.drain_s < float("inf"):
             raise UserError(f"--drain-timeout must be a non-negative number of seconds, got {self.drain_s}")
         for flag, value in (("--connect-timeout", self.connect_timeout_s), ("--upstream-timeout", self.upstream_timeout_s),
-                            ("--probe-interval", self.probe_interval_s)):
+                            ("--probe-interval", self.probe_interval_s), ("--client-idle-timeout", self.client_idle_s)):
             if not 0 < value < float("inf"):
                 raise UserError(f"{flag} must be a positive number of seconds, got {value}")

@@ -9,7 +9,7 @@ event loop, between awaits, so no lock is needed; `now` is the loop's monotonic 
 import asyncio
 import itertools
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,6 +45,13 @@ class ClientStats:
     service: float = 0.0  # h(prompt, tokens) of what was delivered; failed requests count nothing
     inflight: int = 0
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # finished / failed / rejected / aborted
+    live: int = 0  # requests waiting or in flight (the client is idle at 0)
+
+    def absorb(self, other: "ClientStats") -> None:
+        """Add a forgotten client's totals."""
+        self.service += other.service
+        for outcome, count in other.outcomes.items():
+            self.outcomes[outcome] += count
 
 
 class SlotBudget:
@@ -82,6 +89,8 @@ class Dispatcher:
         self._clock, self._start = clock, clock()
         self._waiting: dict[int, Ticket] = {}
         self._rids = itertools.count()
+        self.idle: OrderedDict[str, float] = OrderedDict()  # client -> idle since, oldest first
+        self.forgotten = ClientStats()  # the totals of clients forgotten after being idle
 
     def now(self) -> float:
         return self._clock() - self._start
@@ -95,20 +104,53 @@ class Dispatcher:
         """Queue a request (or refuse it: 503 when nothing can serve it or the queue is full, 429
         over the client's rate limit); it may be dispatched at once."""
         if not self.pool.any_up:
-            self.stats[client].outcomes["rejected"] += 1
+            self._refused(client)
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
         if len(self._waiting) >= self.max_waiting:
-            self.stats[client].outcomes["rejected"] += 1
+            self._refused(client)
             raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting)", "server_error", "queue_full")
         now = self.now()
         req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))
         if not self.scheduler.on_arrival(req, now):
-            self.stats[client].outcomes["rejected"] += 1
+            self._refused(client)
             raise Busy(429, f"client '{client}' is over its rate limit", "rate_limit_error", "rate_limit_exceeded")
         ticket = Ticket(req, asyncio.get_running_loop().create_future())
         self._waiting[req.rid] = ticket
+        self.stats[client].live += 1
+        self.idle.pop(client, None)
         self.pump()
         return ticket
+
+    def _refused(self, client: str) -> None:
+        stats = self.stats[client]
+        stats.outcomes["rejected"] += 1
+        if not stats.live:
+            self._went_idle(client)
+
+    def _went_idle(self, client: str) -> None:
+        self.idle[client] = self.now()
+        self.idle.move_to_end(client)
+
+    def _ended(self, client: str, outcome: str) -> None:
+        stats = self.stats[client]
+        stats.outcomes[outcome] += 1
+        stats.live -= 1
+        if not stats.live:
+            self._went_idle(client)
+
+    def expire(self, idle_s: float) -> None:
+        """Forget the clients idle for `idle_s` or longer: their numbers move into `forgotten`, and
+        the scheduler drops what it can (Scheduler.forget; asked again later where it says so)."""
+        now = self.now()
+        while self.idle:
+            client, since = next(iter(self.idle.items()))
+            if since + idle_s > now:
+                return
+            del self.idle[client]
+            if (stats := self.stats.pop(client, None)) is not None:
+                self.forgotten.absorb(stats)
+            if not self.scheduler.forget(client, now):
+                self.idle[client] = now  # some of its scheduler state may go after another idle period
 
     def pump(self) -> None:
         """Dispatch waiting requests while some upstream has a free slot."""
@@ -146,7 +188,7 @@ class Dispatcher:
         for req in self.scheduler.drain():
             ticket = self._waiting.pop(req.rid)
             req.state = State.ABORTED
-            self.stats[req.client].outcomes["failed"] += 1
+            self._ended(req.client, "failed")
             ticket.slot.set_exception(error)
 
     # -- charges -------------------------------------------------------------------------------
@@ -224,13 +266,12 @@ class Dispatcher:
         if self._waiting.pop(req.rid, None) is not None:
             self.scheduler.remove(req)
             req.state = State.ABORTED
-            self.stats[req.client].outcomes[outcome] += 1
+            self._ended(req.client, outcome)
 
     def _end(self, ticket: Ticket, state: State, outcome: str) -> None:
         req = ticket.request
         req.state = state
-        stats = self.stats[req.client]
-        stats.inflight -= 1
-        stats.outcomes[outcome] += 1
+        self.stats[req.client].inflight -= 1
+        self._ended(req.client, outcome)
         self.pool.release(ticket.upstream)
         self.pump()

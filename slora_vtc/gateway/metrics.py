@@ -3,7 +3,7 @@ service charged, VTC counter, waiting and in-flight requests and outcomes; per u
 budget, in-flight requests, errors and timeouts.
 
 Client labels are bounded: the `max_labels` clients with the most service by name, the others
-summed under client="other"."""
+summed under client="other", with the totals of clients forgotten after being idle."""
 
 from collections import defaultdict
 
@@ -39,15 +39,16 @@ class _Collector:
                 f.add_metric([client], value)
             return f
 
+        forgotten = d.forgotten  # clients forgotten after being idle: their totals stay, under "other"
         yield family(GaugeMetricFamily, "client_service", "service charged (h(prompt, output tokens) of what was delivered)",
-                     ((c, s.service) for c, s in stats.items()))
+                     [*((c, s.service) for c, s in stats.items()), *([(OTHER, forgotten.service)] if forgotten.service else [])])
         yield family(GaugeMetricFamily, "client_counter", "VTC virtual token counter", counters.items())
         yield family(GaugeMetricFamily, "client_waiting", "requests queued in the gateway", waiting.items())
         yield family(GaugeMetricFamily, "client_inflight", "requests sent to an upstream, not yet ended",
                      ((c, s.inflight) for c, s in stats.items()))
         outcomes = CounterMetricFamily(f"{PREFIX}_requests", "requests by how they ended", labels=["client", "outcome"])
         summed = defaultdict(float)
-        for client, s in stats.items():
+        for client, s in [*stats.items(), *([(OTHER, forgotten)] if forgotten.outcomes else [])]:
             for outcome in OUTCOMES:
                 summed[label.get(client, OTHER), outcome] += s.outcomes.get(outcome, 0)
         for (client, outcome), value in sorted(summed.items()):

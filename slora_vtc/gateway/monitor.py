@@ -1,5 +1,5 @@
-"""The probe loop: brings upstreams that failed back when they answer again, and adapts the
-budget of those that expose vLLM's queue metrics (adapt.py)."""
+"""The probe loop: brings upstreams that failed back when they answer again, adapts the budget of
+those that expose vLLM's queue metrics (adapt.py), and forgets idle clients."""
 
 import asyncio
 
@@ -14,6 +14,7 @@ async def monitor(ctx: GatewayContext, aimd: Aimd = Aimd()) -> None:
     while True:
         await asyncio.sleep(ctx.config.probe_interval_s)
         await asyncio.gather(*(probe(ctx, u, aimd) for u in ctx.pool.upstreams))
+        ctx.dispatcher.expire(ctx.config.client_idle_s)
         ctx.dispatcher.pump()  # an upstream back, or a larger budget: room for waiting requests
 
 

@@ -65,14 +65,14 @@ def test_models_merge_the_upstreams_and_health_names_them(gw, upstreams):
 
 def test_an_upstream_s_400_passes_through_and_nothing_stays_charged(gw):
     before = gw.wait_idle()
-    r = httpx2.post(f"{gw.url}/v1/completions", json={"prompt": "x", "stop": ["z"]}, headers={"X-Client-Id": "refused"})
-    assert r.status_code == 400 and "'stop' is not supported" in r.json()["error"]["message"]  # the upstream's own answer
+    r = httpx2.post(f"{gw.url}/v1/completions", json={"prompt": "x", "suffix": "z"}, headers={"X-Client-Id": "refused"})
+    assert r.status_code == 400 and "'suffix' is not supported" in r.json()["error"]["message"]  # the upstream's own answer
     after = gw.wait_idle()
     assert after['slora_gateway_client_service{client="refused"}'] == 0
     assert after['slora_gateway_client_counter{client="refused"}'] == before.get('slora_gateway_client_counter{client="refused"}', after['slora_gateway_client_counter{client="refused"}'])
     assert after['slora_gateway_requests_total{client="refused",outcome="rejected"}'] == 1
     with pytest.raises(BadRequestError):
-        openai_client(gw.url).completions.create(model="tiny", prompt="x", max_tokens=2, stop=["z"])
+        openai_client(gw.url).completions.create(model="tiny", prompt="x", max_tokens=2, suffix="z")
 
 
 @pytest.mark.parametrize("raw, message", [

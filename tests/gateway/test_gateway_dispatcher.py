@@ -12,7 +12,9 @@ from slora_vtc.cost import LinearCost
 from slora_vtc.errors import UserError
 from slora_vtc.gateway.adapt import Aimd, queue_metrics
 from slora_vtc.gateway.config import GatewayConfig, upstream_base
+from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Busy, Dispatcher
+from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.run import build_context
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
@@ -184,3 +186,30 @@ def test_schedulers_needing_prefixes_are_refused_in_one_line():
         with pytest.raises(UserError, match=f"scheduler '{spec}' needs prompt token ids"):
             build_context(GatewayConfig(upstreams=("http://127.0.0.1:1",), scheduler=spec), probe=False)
     assert upstream_base("http://h:8000/v1/") == "http://h:8000"
+
+
+def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
+    async def scenario():
+        clock = [0.0]
+        pool = UpstreamPool([Upstream("http://u", 1)])
+        d = Dispatcher(build_scheduler("vtc", []), pool, LinearCost(), 100, clock=lambda: clock[0])
+        t = d.submit("a", 4, 4)
+        d.on_tokens(t, 2)
+        d.finish(t)
+        busy = d.submit("b", 4, 4)
+        clock[0] = 5.0
+        d.expire(10.0)
+        assert set(d.stats) == {"a", "b"}  # a idle for 5 s only
+        clock[0] = 11.0
+        d.expire(10.0)
+        assert set(d.stats) == {"b"} and "a" not in d.scheduler.counters()  # b is in flight: kept
+        assert d.forgotten.service == 4 + 2 * 2 and d.forgotten.outcomes == {"finished": 1}
+        ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), pool, d)
+        rendered = render(ctx).decode()
+        assert 'slora_gateway_client_service{client="other"} 8.0' in rendered
+        assert 'slora_gateway_requests_total{client="other",outcome="finished"} 1.0' in rendered
+        d.finish(busy)
+        clock[0] = 30.0
+        d.expire(10.0)
+        assert d.stats == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
+    run(scenario)
