@@ -30,10 +30,11 @@ SOURCES = {
     "decode": "benchmarks/results/cpu_decode.json",  # benchmarks/cpu_decode.py
     "cluster": "benchmarks/results/cluster_scale.json",  # benchmarks/cluster_scale.py
     "http": "benchmarks/results/http_load.json",  # benchmarks/http_load.py
+    "gateway": "benchmarks/results/gateway_overhead.json",  # benchmarks/gateway_overhead.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
-DOCS = ("README.md", "paper_repro.md", "benchmarks/README.md", "docs/design.md", "docs/extending.md", "docs/beyond.md")
+DOCS = ("README.md", "paper_repro.md", "benchmarks/README.md", "docs/design.md", "docs/extending.md", "docs/beyond.md", "docs/gateway.md")
 
 NUMBER = re.compile(r"<!--n:(?P<key>[^>|]+?)(?:\|(?P<fmt>[^>]*))?-->(?P<text>.*?)<!--/n-->", re.S)
 INCLUDE = re.compile(r"(?P<open><!--include:(?P<path>[^>]+?)-->\n)(?P<text>.*?)(?P<close><!--/include-->)", re.S)

@@ -1,4 +1,4 @@
-"""`slora-vtc`: run | compare | replay | sweep | plot-sweep | figures | docs | list | calibrate | trace | generate | profile | serve | bench-http.
+"""`slora-vtc`: run | compare | replay | sweep | plot-sweep | figures | docs | list | calibrate | trace | generate | profile | serve | bench-http | gateway.
 
 Each command group lives in its own module with an `add_parsers(sub)`; `main` turns every
 UserError into one line on stderr and exit status 2.
@@ -8,11 +8,11 @@ import argparse
 import os
 import sys
 
-from slora_vtc.cli import calibrate, experiments, figures, real, serving, sweep, traces
+from slora_vtc.cli import calibrate, experiments, figures, gateway, real, serving, sweep, traces
 from slora_vtc.cli.plugins import PLUGINS_ENV, load_plugins
 from slora_vtc.errors import UserError
 
-COMMAND_GROUPS = (experiments, sweep, figures, traces, calibrate, real, serving)
+COMMAND_GROUPS = (experiments, sweep, figures, traces, calibrate, real, serving, gateway)
 
 # what requirements-real.txt adds to the simulator's requirements
 REAL_ENGINE_PACKAGES = {"torch", "triton", "transformers", "safetensors", "fastapi", "uvicorn", "prometheus_client", "openai", "httpx2"}

@@ -1,0 +1,193 @@
+"""The request kinds the gateway relays: what it reads from a body, and from each streamed chunk.
+
+The gateway reads only what it needs to schedule and charge (stream, max_tokens, n, user, an
+estimate of the prompt's length); every other field goes to the upstream untouched. A streamed
+chunk carries one token per choice with text (vLLM and our `serve` send a chunk per token; a
+token that completes no character sends none, which `usage` then makes up).
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from slora_vtc.gateway.charges import estimate_tokens
+from slora_vtc.server.errors import ApiError
+from slora_vtc.server.protocol import GenerateParameters
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+CHAT_DEFAULT_MAX_TOKENS = 256  # chat has none: what the scheduler assumes (a predicting VTC charges it up front)
+SSE_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
+
+
+class _OpenAIFields(BaseModel):
+    """The fields the gateway itself reads, checked strictly (the rest is the upstream's business)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    stream: bool = False
+    max_tokens: int | None = Field(None, gt=0)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    n: int | None = Field(None, gt=0)
+    user: str | None = None
+    stream_options: dict | None = None
+
+
+class _GenerateFields(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    inputs: str | list[int]
+    parameters: GenerateParameters = GenerateParameters()
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What the gateway needs to know of one request."""
+
+    stream: bool
+    prompt_tokens: int  # an estimate for text, exact for token ids
+    max_tokens: int
+    user: str | None
+    client_wants_usage: bool
+
+
+def _checked(model: type[BaseModel], body: dict) -> BaseModel:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise ApiError(400, "; ".join(_problem(err) for err in e.errors())) from None
+
+
+def _problem(error: dict) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return f"{where}: {error.get('msg', 'invalid')}" if where else error.get("msg", "invalid")
+
+
+def _prompt_tokens(prompt) -> tuple[int, int]:
+    """(estimated tokens, number of prompts) of a completions prompt in any of its forms."""
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt), 1
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return sum(_prompt_tokens(p)[0] for p in prompt), len(prompt)
+    if isinstance(prompt, list):
+        return max(1, len(prompt)), 1
+    return 1, 1  # a malformed prompt: the upstream answers the 400
+
+
+def _message_tokens(messages) -> int:
+    if not isinstance(messages, list):
+        return 1
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+        total += estimate_tokens(content) if isinstance(content, str) else 1
+    return max(1, total)
+
+
+# -- the kinds ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ApiKind:
+    name: str
+    path: str  # on the upstream
+    route: Callable[[dict], Routing]
+    tokens_in: Callable[[dict], int]  # tokens one streamed event carries
+    usage: Callable[[dict], tuple[int | None, int | None] | None]  # from a streamed event or a whole answer
+    ends: Callable[[dict], bool]  # the last event of a complete stream (OpenAI: [DONE] instead)
+    is_error: Callable[[dict], bool]
+    error_event: Callable[[ApiError], list[str]]  # the events that end a stream the upstream broke
+    openai: bool = True
+
+    def upstream_body(self, body: dict, routing: Routing) -> bytes:
+        """The body to send: the client's, with usage asked for when it streams (to reconcile)."""
+        if self.openai and routing.stream and not routing.client_wants_usage:
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+        return json.dumps(body).encode()
+
+
+def _openai_usage(event: dict) -> tuple[int | None, int | None] | None:
+    usage = event.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+def _openai_error(error: ApiError) -> list[str]:
+    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}}
+    return [sse(body), "data: [DONE]\n\n"]
+
+
+def _openai_routing(body: dict, chat: bool) -> Routing:
+    fields = _checked(_OpenAIFields, body)
+    if chat:
+        prompt, prompts = _message_tokens(body.get("messages")), 1
+        max_tokens = fields.max_completion_tokens or fields.max_tokens or CHAT_DEFAULT_MAX_TOKENS
+    else:
+        prompt, prompts = _prompt_tokens(body.get("prompt"))
+        max_tokens = fields.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
+    wants_usage = bool((fields.stream_options or {}).get("include_usage"))
+    return Routing(fields.stream, prompt, max_tokens * prompts * (fields.n or 1), fields.user, wants_usage)
+
+
+def _choices_with(key: Callable[[dict], object]) -> Callable[[dict], int]:
+    def count(event: dict) -> int:
+        choices = event.get("choices")
+        return sum(1 for c in choices if isinstance(c, dict) and key(c)) if isinstance(choices, list) else 0
+    return count
+
+
+def _chat_delta(choice: dict) -> object:
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
+
+
+def _has_error(event: dict) -> bool:
+    return "error" in event
+
+
+COMPLETIONS = ApiKind("completions", "/v1/completions", lambda b: _openai_routing(b, chat=False),
+                      _choices_with(lambda c: c.get("text")), _openai_usage, lambda e: False, _has_error, _openai_error)
+CHAT = ApiKind("chat", "/v1/chat/completions", lambda b: _openai_routing(b, chat=True),
+               _choices_with(_chat_delta), _openai_usage, lambda e: False, _has_error, _openai_error)
+
+
+# S-LoRA's /generate and /generate_stream (what bench-http sends): one event per token, then a final one
+def _generate_routing(body: dict, stream: bool) -> Routing:
+    fields = _checked(_GenerateFields, body)
+    prompt = estimate_tokens(fields.inputs) if isinstance(fields.inputs, str) else max(1, len(fields.inputs))
+    return Routing(stream, prompt, fields.parameters.max_new_tokens, None, False)
+
+
+def _generate_usage(event: dict) -> tuple[int | None, int | None] | None:
+    details = event.get("details")
+    if isinstance(details, dict):
+        return details.get("prompt_tokens"), details.get("generated_tokens")
+    if "count_output_tokens" in event:
+        return event.get("prompt_tokens"), event.get("count_output_tokens")
+    return None
+
+
+def _generate_aborted(event: dict) -> bool:
+    details = event.get("details")
+    return isinstance(details, dict) and details.get("finish_reason") == "abort"
+
+
+def _generate_error(error: ApiError) -> list[str]:
+    return [sse({"token": None, "generated_text": None, "finished": True,
+                 "details": {"finish_reason": "abort", "error": error.message}})]
+
+
+GENERATE = ApiKind("generate", "/generate", lambda b: _generate_routing(b, stream=False), lambda e: 0, _generate_usage,
+                   lambda e: False, _generate_aborted, _generate_error, openai=False)
+GENERATE_STREAM = ApiKind("generate_stream", "/generate_stream", lambda b: _generate_routing(b, stream=True),
+                          lambda e: 1 if e.get("token") else 0, _generate_usage, lambda e: e.get("finished") is True,
+                          _generate_aborted, _generate_error, openai=False)
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False).translate(SSE_LINE_BREAKS)}\n\n"
+
+
+def is_usage_only(event: dict) -> bool:
+    """The chunk that only carries usage (choices empty): dropped when the client did not ask for it."""
+    return event.get("choices") == [] and isinstance(event.get("usage"), dict)

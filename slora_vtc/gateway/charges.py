@@ -1,0 +1,49 @@
+"""What the scheduler charges a request through the gateway, and how a charge is corrected.
+
+The gateway drives the scheduler as the engine does: `select` charges the prompt at dispatch,
+`on_decode_step` charges each streamed token after the first (the engine's first token comes with
+the prefill, free), `on_finish` / `on_abort` settle a prediction. The gateway only sees an
+estimate of the prompt's length until the upstream's `usage` arrives; it then corrects the
+counter by the difference. A request that fails is refunded whatever it was charged.
+
+Only VTC-family schedulers keep counters; for the others every correction is a no-op.
+"""
+
+from slora_vtc.cost import CostFunction
+from slora_vtc.sched import VTC, RateLimited, Scheduler
+
+BYTES_PER_TOKEN = 4  # a typical BPE tokenizer's average on English text; corrected from `usage`
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN))
+
+
+def counters_of(scheduler: Scheduler) -> VTC | None:
+    """The VTC under any rate limits, or None for a scheduler without counters."""
+    while isinstance(scheduler, RateLimited):
+        scheduler = scheduler.inner
+    return scheduler if isinstance(scheduler, VTC) else None
+
+
+def engine_charge(cost: CostFunction, prompt: float, tokens: int) -> float:
+    """What VTC charges a request without prediction: h(x, 0), then h(x, n) - h(x, n - 1) for tokens 2..y."""
+    return cost(prompt, 0) + (cost(prompt, tokens) - cost(prompt, 1) if tokens >= 1 else 0.0)
+
+
+class Counters:
+    """Reads and corrects the counters of a scheduler (nothing to do for one without)."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.vtc = counters_of(scheduler)
+
+    def counter(self, client: str) -> float:
+        return self.vtc.counter(client) if self.vtc is not None else 0.0
+
+    def adjust(self, client: str, delta: float) -> None:
+        """Add `delta` (in counter units: service / weight) to a client's counter."""
+        if self.vtc is not None and delta:
+            self.vtc.set_counter(client, self.vtc.counter(client) + delta)
+
+    def weight(self, client: str) -> float:
+        return self.vtc.weights.get(client, 1.0) if self.vtc is not None else 1.0

@@ -1,0 +1,277 @@
+"""Per-client queues (a scheduler of the registry) in front of the upstreams' in-flight slots.
+
+The dispatcher plays the engine's part for the scheduler: every request arrives (`on_arrival`),
+is admitted by `select` under a budget of one free slot, is charged token by token as its stream
+arrives (`on_decode_step`), and ends with `on_finish` or `on_abort`. Everything here runs on the
+event loop, between awaits, so no lock is needed; `now` is the loop's monotonic time since start.
+"""
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slora_vtc.cost import CostFunction
+from slora_vtc.gateway.charges import Counters, engine_charge
+from slora_vtc.gateway.upstream import Upstream, UpstreamPool
+from slora_vtc.request import Request, State
+from slora_vtc.sched import Scheduler
+from slora_vtc.server.errors import ApiError
+
+RETRY_AFTER_S = 1
+
+
+class Busy(ApiError):
+    """Refused for now (429 / 503): the answer carries Retry-After."""
+
+    retry_after_s = RETRY_AFTER_S
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request through the gateway: its scheduler record and what it was charged."""
+
+    request: Request
+    slot: asyncio.Future  # resolves to the Upstream it may use (or raises: no upstream is left)
+    upstream: Upstream | None = None
+    charged: float = 0.0  # counter units the scheduler charged it (refunded if it fails)
+    service: float = 0.0  # service units it added to its client's ledger
+
+
+@dataclass
+class ClientStats:
+    service: float = 0.0  # h(prompt, tokens) of what was delivered; failed requests count nothing
+    inflight: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # finished / failed / rejected / aborted
+    live: int = 0  # requests waiting or in flight (the client is idle at 0)
+
+    def absorb(self, other: "ClientStats") -> None:
+        """Add a forgotten client's totals."""
+        self.service += other.service
+        for outcome, count in other.outcomes.items():
+            self.outcomes[outcome] += count
+
+
+class SlotBudget:
+    """The scheduler's Budget (memory/admission.py) for the gateway: room for one request, on the
+    upstream with the most free slots. Requests carry no token ids, so nothing is cached.
+
+    It notes the client's counter as the scheduler admits, so that the dispatcher knows exactly
+    what `select` charged (and can refund it)."""
+
+    def __init__(self, counters: Counters):
+        self._counters = counters
+        self.taken: Request | None = None
+        self.counter_before = 0.0
+
+    def try_add(self, req: Request) -> bool:
+        if self.taken is not None:
+            return False
+        self.taken, self.counter_before = req, self._counters.counter(req.client)
+        return True
+
+    def cached_len(self, req: Request) -> int:
+        return 0
+
+
+class Dispatcher:
+    """The gateway's queues and its ledger: requests arrive (`submit`), get a slot (`pump`), are
+    charged as their tokens come (`on_tokens`, `reconcile`) and end exactly once (`finish`,
+    `fail`, `abort`)."""
+
+    def __init__(self, scheduler: Scheduler, pool: UpstreamPool, cost: CostFunction, max_waiting: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.scheduler, self.pool, self.cost, self.max_waiting = scheduler, pool, cost, max_waiting
+        self.counters = Counters(scheduler)
+        self.stats: dict[str, ClientStats] = defaultdict(ClientStats)
+        self._clock, self._start = clock, clock()
+        self._waiting: dict[int, Ticket] = {}
+        self._rids = itertools.count()
+        self.idle: OrderedDict[str, float] = OrderedDict()  # client -> idle since, oldest first
+        self.forgotten = ClientStats()  # the totals of clients forgotten after being idle
+
+    def now(self) -> float:
+        return self._clock() - self._start
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- arrival and dispatch ----------------------------------------------------------------
+    def submit(self, client: str, prompt_len: int, max_tokens: int) -> Ticket:
+        """Queue a request (or refuse it: 503 when nothing can serve it or the queue is full, 429
+        over the client's rate limit); it may be dispatched at once."""
+        if not self.pool.any_up:
+            self._refused(client)
+            raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
+        if len(self._waiting) >= self.max_waiting:
+            self._refused(client)
+            raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting)", "server_error", "queue_full")
+        now = self.now()
+        req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))
+        if not self.scheduler.on_arrival(req, now):
+            self._refused(client)
+            raise Busy(429, f"client '{client}' is over its rate limit", "rate_limit_error", "rate_limit_exceeded")
+        ticket = Ticket(req, asyncio.get_running_loop().create_future())
+        self._waiting[req.rid] = ticket
+        self.stats[client].live += 1
+        self.idle.pop(client, None)
+        self.pump()
+        return ticket
+
+    def _refused(self, client: str) -> None:
+        stats = self.stats[client]
+        stats.outcomes["rejected"] += 1
+        if not stats.live:
+            self._went_idle(client)
+
+    def _went_idle(self, client: str) -> None:
+        self.idle[client] = self.now()
+        self.idle.move_to_end(client)
+
+    def _ended(self, client: str, outcome: str) -> None:
+        stats = self.stats[client]
+        stats.outcomes[outcome] += 1
+        stats.live -= 1
+        if not stats.live:
+            self._went_idle(client)
+
+    def expire(self, idle_s: float) -> None:
+        """Forget the clients idle for `idle_s` or longer: their numbers move into `forgotten`, and
+        the scheduler drops what it can (Scheduler.forget; asked again later where it says so)."""
+        now = self.now()
+        while self.idle:
+            client, since = next(iter(self.idle.items()))
+            if since + idle_s > now:
+                return
+            del self.idle[client]
+            if (stats := self.stats.pop(client, None)) is not None:
+                self.forgotten.absorb(stats)
+            if not self.scheduler.forget(client, now):
+                self.idle[client] = now  # some of its scheduler state may go after another idle period
+
+    def pump(self) -> None:
+        """Dispatch waiting requests while some upstream has a free slot."""
+        while self._waiting and (upstream := self.pool.best()) is not None:
+            budget = SlotBudget(self.counters)
+            admitted = self.scheduler.select(budget, self.now())
+            if not admitted:
+                return
+            self._dispatch(self._waiting.pop(admitted[0].rid), upstream, budget.counter_before)
+
+    def _dispatch(self, ticket: Ticket, upstream: Upstream, counter_before: float) -> None:
+        req = ticket.request
+        req.state = State.RUNNING
+        ticket.charged += self.counters.counter(req.client) - counter_before
+        ticket.upstream = upstream
+        self.pool.acquire(upstream)
+        self.stats[req.client].inflight += 1
+        self._serve(ticket, self.cost(req.prompt_len, 0))
+        ticket.slot.set_result(upstream)
+
+    def move(self, ticket: Ticket) -> bool:
+        """Move a dispatched request that its upstream could not take (nothing was sent) to the
+        upstream with the most free slots; False if none has one. Its charges stay: it is still
+        being served."""
+        other = self.pool.best()
+        if other is None:
+            return False
+        self.pool.release(ticket.upstream)
+        self.pool.acquire(other)
+        ticket.upstream = other
+        return True
+
+    def fail_waiting(self, error: ApiError) -> None:
+        """Nothing can serve the waiting requests (every upstream is down): end them with `error`."""
+        for req in self.scheduler.drain():
+            ticket = self._waiting.pop(req.rid)
+            req.state = State.ABORTED
+            self._ended(req.client, "failed")
+            ticket.slot.set_exception(error)
+
+    # -- charges -------------------------------------------------------------------------------
+    def on_tokens(self, ticket: Ticket, count: int = 1) -> None:
+        """`count` more tokens arrived from the upstream: charge them now."""
+        req, now = ticket.request, self.now()
+        for _ in range(count):
+            if req.generated:  # the first token comes with the prefill, free (as in the engine)
+                self._measured(ticket, self.scheduler.on_decode_step, [req], now)
+            req.append_token(None, now)
+            self._serve(ticket, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, req.generated - 1))
+
+    def reconcile(self, ticket: Ticket, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """The upstream's `usage`: charge tokens the chunks did not show, and correct the prompt's
+        estimate (counter and ledger) to its true length."""
+        req = ticket.request
+        if completion_tokens is not None and completion_tokens > req.generated:
+            self.on_tokens(ticket, completion_tokens - req.generated)
+        if prompt_tokens is not None and prompt_tokens != req.prompt_len:
+            delta = (engine_charge(self.cost, prompt_tokens, req.generated) - engine_charge(self.cost, req.prompt_len, req.generated))
+            delta /= self.counters.weight(req.client)
+            self.counters.adjust(req.client, delta)
+            ticket.charged += delta
+            req.prompt_len = prompt_tokens
+        self._serve(ticket, self.cost(req.prompt_len, req.generated) - ticket.service)
+
+    def _serve(self, ticket: Ticket, service: float) -> None:
+        ticket.service += service
+        self.stats[ticket.request.client].service += service
+
+    # -- endings -------------------------------------------------------------------------------
+    def finish(self, ticket: Ticket) -> None:
+        if ticket.request.ended:
+            return
+        req = ticket.request
+        self._measured(ticket, self.scheduler.on_finish, [req], [req], self.now())
+        ticket.upstream.finished += 1
+        self._end(ticket, State.FINISHED, "finished")
+
+    def fail(self, ticket: Ticket, outcome: str = "failed") -> None:
+        """The upstream failed it (or refused it: outcome "rejected"): it ends with an error and is
+        refunded everything it was charged."""
+        req = ticket.request
+        if req.ended:
+            return
+        if ticket.upstream is None:
+            self._withdraw(ticket, outcome)
+            return
+        self._measured(ticket, self.scheduler.on_abort, req, self.now())
+        self.counters.adjust(req.client, -ticket.charged)
+        ticket.charged = 0.0
+        self._serve(ticket, -ticket.service)
+        self._end(ticket, State.ABORTED, outcome)
+
+    def abort(self, ticket: Ticket) -> None:
+        """The client went away: it keeps the charges for what it was sent."""
+        req = ticket.request
+        if req.ended:
+            return
+        if ticket.upstream is None:
+            self._withdraw(ticket, "aborted")
+            return
+        self._measured(ticket, self.scheduler.on_abort, req, self.now())
+        self._end(ticket, State.ABORTED, "aborted")
+
+    def _measured(self, ticket: Ticket, call, *args) -> None:
+        """Call the scheduler and add what it charged (or settled) this request's client to the ticket."""
+        before = self.counters.counter(ticket.request.client)
+        call(*args)
+        ticket.charged += self.counters.counter(ticket.request.client) - before
+
+    def _withdraw(self, ticket: Ticket, outcome: str) -> None:
+        """A request that was never dispatched leaves the queue."""
+        req = ticket.request
+        if self._waiting.pop(req.rid, None) is not None:
+            self.scheduler.remove(req)
+            req.state = State.ABORTED
+            self._ended(req.client, outcome)
+
+    def _end(self, ticket: Ticket, state: State, outcome: str) -> None:
+        req = ticket.request
+        req.state = state
+        self.stats[req.client].inflight -= 1
+        self._ended(req.client, outcome)
+        self.pool.release(ticket.upstream)
+        self.pump()

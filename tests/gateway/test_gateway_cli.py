@@ -1,0 +1,44 @@
+"""`slora-vtc gateway` refuses bad input with one line and exit status 2, before it listens."""
+
+import socket
+
+import pytest
+from gateway_util import FakeUpstream, fake_upstream
+
+from slora_vtc.cli import main
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once it is closed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--upstream", "localhost:8000"], "--upstream 'localhost:8000' is not an http:// or https:// URL"),
+    (["--upstream", "http://127.0.0.1:1", "--upstream", "http://127.0.0.1:1/v1"], "the same --upstream is given twice"),
+    (["--upstream", "http://127.0.0.1:1", "--scheduler", "lpm"], "scheduler 'lpm' needs prompt token ids"),
+    (["--upstream", "http://127.0.0.1:1", "--scheduler", "dlpm:50"], "scheduler 'dlpm:50' needs prompt token ids"),
+    (["--upstream", "http://127.0.0.1:1", "--scheduler", "nope"], "scheduler"),
+    (["--upstream", "http://127.0.0.1:1", "--max-inflight", "0"], "--max-inflight must be positive"),
+    (["--upstream", "http://127.0.0.1:1", "--clients", "/no/such/clients.toml"], "cannot read clients file"),
+])
+def test_bad_flags_are_one_line_and_exit_2(capsys, args, message):
+    assert main(["gateway", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_upstream_that_does_not_answer_at_start_is_named(capsys):
+    url = f"http://127.0.0.1:{closed_port()}"
+    assert main(["gateway", "--upstream", url]) == 2
+    err = capsys.readouterr().err
+    assert f"--upstream {url} does not answer" in err and err.count("\n") == 1
+
+
+def test_a_server_that_is_not_openai_compatible_is_named(capsys):
+    fake = FakeUpstream()
+    with fake_upstream(fake) as url:
+        assert main(["gateway", "--upstream", url, "--upstream", f"{url}/nothing-here"]) == 2
+    err = capsys.readouterr().err
+    assert f"--upstream {url}/nothing-here: /v1/models answered HTTP 404" in err and err.count("\n") == 1

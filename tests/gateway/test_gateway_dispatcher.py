@@ -1,0 +1,215 @@
+"""The dispatcher without HTTP: schedulers of the registry under a budget of in-flight slots, the
+charges of streamed tokens, their reconciliation with usage, and refunds of failed requests.
+
+Expected counters are worked out by hand from the paper's linear cost h(x, y) = x + 2 y, charged
+as the engine does: h(x, 0) at dispatch, then 2 for each token after the first."""
+
+import asyncio
+
+import pytest
+
+from slora_vtc.cost import LinearCost
+from slora_vtc.errors import UserError
+from slora_vtc.gateway.adapt import Aimd, queue_metrics
+from slora_vtc.gateway.config import GatewayConfig, upstream_base
+from slora_vtc.gateway.context import GatewayContext
+from slora_vtc.gateway.dispatcher import Busy, Dispatcher
+from slora_vtc.gateway.metrics import render
+from slora_vtc.gateway.run import build_context
+from slora_vtc.gateway.upstream import Upstream, UpstreamPool
+from slora_vtc.sched import SCHEDULERS, build_scheduler
+from slora_vtc.server.clients import ClientConfig, Clients, scheduler_for
+
+TOKEN_COUNT_SCHEDULERS = ["fcfs", "rpm:100", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"]
+
+
+def dispatcher(spec: str = "vtc", limits=(1,), max_waiting: int = 100) -> Dispatcher:
+    pool = UpstreamPool([Upstream(f"http://u{i}", limit) for i, limit in enumerate(limits)])
+    return Dispatcher(build_scheduler(spec, ["a", "b"]), pool, LinearCost(), max_waiting)
+
+
+def run(scenario):
+    return asyncio.run(scenario())
+
+
+def test_every_registry_scheduler_is_either_covered_or_refused():
+    names = {spec.partition(":")[0] for spec in TOKEN_COUNT_SCHEDULERS}
+    assert set(SCHEDULERS) == names | {"lpm", "dlpm"}
+
+
+@pytest.mark.parametrize("spec", TOKEN_COUNT_SCHEDULERS)
+def test_each_token_count_scheduler_dispatches_within_the_slots_and_balances(spec):
+    async def scenario():
+        d = dispatcher(spec, limits=(1, 2))
+        tickets = [d.submit(c, 8, 4) for c in ["a", "b"] * 5]
+        assert sum(t.slot.done() for t in tickets) == 3  # three slots in all
+        ended = 0
+        while ended < len(tickets):
+            running = [t for t in tickets if t.slot.done() and not t.request.ended]
+            assert 0 < len(running) <= 3
+            assert all(u.inflight <= u.limit for u in d.pool.upstreams)
+            ticket = running[0]
+            d.on_tokens(ticket, 4)
+            d.reconcile(ticket, 8, 4)
+            d.fail(ticket) if ended % 3 == 2 else d.finish(ticket)
+            ended += 1
+        assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
+        outcomes = {o: sum(s.outcomes[o] for s in d.stats.values()) for o in ("finished", "failed")}
+        assert outcomes == {"finished": 7, "failed": 3}
+        assert all(s.inflight == 0 for s in d.stats.values())
+        assert sum(s.service for s in d.stats.values()) == 7 * (8 + 2 * 4)  # failed requests count nothing
+    run(scenario)
+
+
+def test_tokens_are_charged_as_they_arrive_and_usage_corrects_the_estimate():
+    async def scenario():
+        d = dispatcher("lcf")  # no lift: the counter is exactly what was charged
+        t = d.submit("a", 4, 16)  # estimated 4 prompt tokens
+        assert d.counters.counter("a") == 4  # h(4, 0) at dispatch
+        d.on_tokens(t)  # the first token is the prefill's: free
+        assert d.counters.counter("a") == 4
+        d.on_tokens(t, 2)
+        assert d.counters.counter("a") == 4 + 2 * 2  # charged while the stream runs
+        assert d.stats["a"].service == 4 + 2 * 3  # the ledger counts h(x, y) of what was delivered
+        d.reconcile(t, 14, 5)  # usage: 14 prompt tokens, 5 generated (two without a chunk of their own)
+        assert d.counters.counter("a") == 14 + 2 * 4
+        assert d.stats["a"].service == 14 + 2 * 5
+        d.finish(t)
+        assert d.counters.counter("a") == 22 and d.pool.inflight == 0
+    run(scenario)
+
+
+def test_a_failed_request_is_refunded_everything_a_client_that_leaves_keeps_its_charges():
+    async def scenario():
+        d = dispatcher("lcf")
+        failed = d.submit("a", 10, 8)
+        d.on_tokens(failed, 3)
+        d.fail(failed)
+        assert d.counters.counter("a") == 0 and d.stats["a"].service == 0
+        gone = d.submit("a", 10, 8)
+        d.on_tokens(gone, 3)
+        d.abort(gone)
+        assert d.counters.counter("a") == 10 + 2 * 2 and d.stats["a"].service == 10 + 2 * 3
+        assert d.stats["a"].outcomes == {"failed": 1, "aborted": 1}
+    run(scenario)
+
+
+def test_a_predicting_vtc_is_refunded_its_prediction_when_the_request_fails():
+    async def scenario():
+        d = dispatcher("vtc-oracle")
+        t = d.submit("a", 10, 8)
+        assert d.counters.counter("a") == 10 + 2 * 8  # the oracle charges max_tokens up front
+        d.on_tokens(t, 2)
+        d.fail(t)
+        assert d.counters.counter("a") == 0
+    run(scenario)
+
+
+def test_waiting_requests_leave_the_queue_when_the_client_leaves():
+    async def scenario():
+        d = dispatcher("vtc")
+        first, second = d.submit("a", 4, 4), d.submit("b", 4, 4)
+        assert first.slot.done() and not second.slot.done()
+        d.abort(second)
+        assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0
+        d.finish(first)
+        assert not second.slot.done() and d.pool.inflight == 0
+    run(scenario)
+
+
+def test_a_full_queue_and_a_rate_limit_are_refused_with_a_status():
+    async def scenario():
+        d = dispatcher("fcfs", max_waiting=1)
+        d.submit("a", 4, 4), d.submit("a", 4, 4)
+        with pytest.raises(Busy) as full:
+            d.submit("a", 4, 4)
+        assert full.value.status == 503 and d.stats["a"].outcomes["rejected"] == 1
+        limited = Dispatcher(scheduler_for("vtc", Clients(default=ClientConfig("", rpm=1))), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 10)
+        limited.submit("a", 4, 4)
+        with pytest.raises(Busy) as rate:
+            limited.submit("a", 4, 4)
+        assert rate.value.status == 429 and limited.stats["a"].outcomes["rejected"] == 1
+    run(scenario)
+
+
+def test_when_every_upstream_is_down_waiting_requests_end_with_503():
+    async def scenario():
+        d = dispatcher("vtc")
+        running, waiting = d.submit("a", 4, 4), d.submit("b", 4, 4)
+        d.pool.upstreams[0].up = False
+        d.fail_waiting(Busy(503, "no upstream is available"))
+        with pytest.raises(Busy):
+            waiting.slot.result()
+        with pytest.raises(Busy):
+            d.submit("a", 4, 4)
+        d.fail(running)
+        assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
+    run(scenario)
+
+
+# -- the adaptive budget ---------------------------------------------------------------------
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 5.0
+vllm:num_requests_running{engine="1",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+"""
+
+
+def test_vllm_queue_metrics_are_summed_over_engines_and_absent_elsewhere():
+    assert queue_metrics(VLLM_METRICS) == (2.0, 8.0)
+    assert queue_metrics("# TYPE slora_pool_tokens gauge\nslora_pool_tokens 10.0\n") is None
+    assert queue_metrics("<html>not metrics</html>") is None
+
+
+def test_aimd_grows_by_one_while_the_upstream_keeps_up_and_shrinks_when_it_queues():
+    aimd = Aimd(floor=1, ceiling=10)
+    assert aimd.next_limit(8, upstream_waiting=0, inflight=8) == 9  # budget used up, nothing queued: one more
+    assert aimd.next_limit(8, upstream_waiting=0, inflight=3) == 8  # not using it: no reason to grow
+    assert aimd.next_limit(8, upstream_waiting=4, inflight=8) == 6  # queueing upstream: floor(8 * 0.75)
+    assert aimd.next_limit(1, upstream_waiting=4, inflight=1) == 1
+    assert aimd.next_limit(10, upstream_waiting=0, inflight=10) == 10
+
+
+# -- configuration -----------------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://x", "http://", "not a url"])
+def test_an_upstream_that_is_not_a_url_is_named(url):
+    with pytest.raises(UserError, match="is not an http"):
+        upstream_base(url)
+
+
+def test_schedulers_needing_prefixes_are_refused_in_one_line():
+    for spec in ("lpm", "dlpm:100"):
+        with pytest.raises(UserError, match=f"scheduler '{spec}' needs prompt token ids"):
+            build_context(GatewayConfig(upstreams=("http://127.0.0.1:1",), scheduler=spec), probe=False)
+    assert upstream_base("http://h:8000/v1/") == "http://h:8000"
+
+
+def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
+    async def scenario():
+        clock = [0.0]
+        pool = UpstreamPool([Upstream("http://u", 1)])
+        d = Dispatcher(build_scheduler("vtc", []), pool, LinearCost(), 100, clock=lambda: clock[0])
+        t = d.submit("a", 4, 4)
+        d.on_tokens(t, 2)
+        d.finish(t)
+        busy = d.submit("b", 4, 4)
+        clock[0] = 5.0
+        d.expire(10.0)
+        assert set(d.stats) == {"a", "b"}  # a idle for 5 s only
+        clock[0] = 11.0
+        d.expire(10.0)
+        assert set(d.stats) == {"b"} and "a" not in d.scheduler.counters()  # b is in flight: kept
+        assert d.forgotten.service == 4 + 2 * 2 and d.forgotten.outcomes == {"finished": 1}
+        ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), pool, d)
+        rendered = render(ctx).decode()
+        assert 'slora_gateway_client_service{client="other"} 8.0' in rendered
+        assert 'slora_gateway_requests_total{client="other",outcome="finished"} 1.0' in rendered
+        d.finish(busy)
+        clock[0] = 30.0
+        d.expire(10.0)
+        assert d.stats == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
+    run(scenario)
