@@ -47,7 +47,7 @@ def add_parsers(sub) -> None:
     srv.add_argument("--client-idle-timeout", type=float, default=600.0, help="forget a client idle this many seconds (default 600; VTC lifts it on return)")
     srv.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
     srv.add_argument("--max-inflight", type=int, default=4096, help="generation requests handled at once; more get a 503 with Retry-After (default 4096)")
-    srv.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the scheduler; more get a 503 with Retry-After (default 2048)")
+    srv.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)")
     srv.add_argument("--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)")
     srv.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after this many seconds (default 5)")
     srv.add_argument("--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)")

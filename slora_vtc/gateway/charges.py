@@ -43,7 +43,7 @@ class Counters:
     def adjust(self, client: str, delta: float) -> None:
         """Add `delta` (in counter units: service / weight) to a client's counter."""
         if self.vtc is not None and delta:
-            self.vtc.set_counter(client, self.vtc.counter(client) + delta)
+            self.vtc.adjust(client, delta)
 
     def weight(self, client: str) -> float:
         return self.vtc.weights.get(client, 1.0) if self.vtc is not None else 1.0

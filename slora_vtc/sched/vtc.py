@@ -19,11 +19,16 @@ been forgotten:
   counters overwritten by a router) the counter is kept: forget returns False only where a later
   call may still drop it (c > B under those rules; B only grows). A predictor's own per-client
   state (vtc-avg's moving averages) is kept too: a returner is predicted from it.
+The orders of the last KEPT_ORDERS forgotten clients are kept; an older one returns as a new
+client, so it loses the tie with the client whose counter lifted it (one request's order). A
+correction by `adjust` (a gateway reconciling with what the upstream reports) keeps this exact
+when it raises a counter; a refund lowers one, and then a client forgotten before may return to
+a floor below its old counter, at most the refunds since below.
 """
 
 import heapq
 import itertools
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,6 +38,7 @@ from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler, arrival_key, recomputed_tokens, requeue
 from slora_vtc.sched.predict import LengthPredictor
 
+KEPT_ORDERS = 100_000  # registration orders of forgotten clients kept for their return
 EXACT_BELOW = 2.0**52  # integers up to here, and sums of two, are exact in a float
 
 
@@ -120,7 +126,7 @@ class VTC(Scheduler):
         self._queued: dict[str, _Client] = {}  # clients with a waiting request (not every client ever seen)
         self._registered = 0  # clients registered so far (their orders)
         self._stamps = itertools.count(1)  # heap-entry versions, never reused (a forgotten client's stale entries stay stale)
-        self._orders: dict[str, int] = {}  # forgotten clients -> their registration order
+        self._orders: OrderedDict[str, int] = OrderedDict()  # the latest KEPT_ORDERS forgotten clients -> their registration order
         self._kept: dict[str, float] = {}  # forgotten clients whose counter the lift would not give back -> it
         self._left_counter: float | None = None  # the last client to leave, once forgotten: its counter
         self._overwritten = False  # set_counter was used: counters may drop, so forgetting keeps them
@@ -150,6 +156,15 @@ class VTC(Scheduler):
         client = self._client(name)
         client.counter = value
         if client.queue:
+            client.version = next(self._stamps)
+            self._push(name)
+
+    def adjust(self, name: str, delta: float) -> None:
+        """Add `delta` (in counter units: service / weight) to a client's counter: a correction once the
+        service is known, or a refund (negative) of service that was not delivered."""
+        client = self._client(name)
+        client.counter += delta
+        if delta < 0 and client.queue:
             client.version = next(self._stamps)
             self._push(name)
 
@@ -391,6 +406,8 @@ class VTC(Scheduler):
                 return False  # not idle: the caller asked too early
             del self._clients[client]
             self._orders[client] = record.order
+            if len(self._orders) > KEPT_ORDERS:
+                self._orders.popitem(last=False)
             if self._last_left == client:
                 self._last_left, self._left_counter = None, record.counter
             counter = record.counter

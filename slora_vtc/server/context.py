@@ -34,7 +34,7 @@ class ServerConfig:
     client_idle_s: float = 600.0  # a client with nothing queued or running for this long is forgotten (VTC lifts it on return)
     metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)
     max_inflight: int = 4096  # generation requests handled at once over HTTP; more get a 503 with Retry-After
-    max_waiting: int = 2048  # requests queued in the scheduler; more get a 503 with Retry-After
+    max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 with Retry-After
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
     prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)

@@ -213,3 +213,24 @@ def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
         d.expire(10.0)
         assert d.stats == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
     run(scenario)
+
+
+def test_a_client_whose_charge_was_corrected_is_still_forgotten():
+    """usage corrects a's prompt estimate (4 -> 6 tokens) with VTC.adjust, which leaves forgetting exact
+    while it only raises counters: once a has left the queue at counter 6 + 2 * 1 = 8 and b waits at
+    that floor, a's counter goes with it (the lift gives it back)."""
+    async def scenario():
+        clock = [0.0]
+        pool = UpstreamPool([Upstream("http://u", 1)])
+        d = Dispatcher(build_scheduler("vtc", []), pool, LinearCost(), 100, clock=lambda: clock[0])
+        t = d.submit("a", 4, 4)
+        d.on_tokens(t, 2)
+        d.reconcile(t, 6, 2)
+        assert d.scheduler.counter("a") == 6 + 2 * 1
+        d.finish(t)
+        d.submit("b", 4, 4)  # dispatched to the one slot: running at the floor a left
+        d.submit("b", 4, 4)  # waits
+        clock[0] = 20.0
+        d.expire(10.0)
+        assert "a" not in d.scheduler.counters() and "a" not in d.scheduler._kept
+    run(scenario)

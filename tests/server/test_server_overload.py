@@ -111,7 +111,7 @@ def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients
         check_accounting(srv, outcomes, 1)
     refused = [d for kind, d in outcomes if kind == "refused"]
     assert refused and all(d == "503 request refused: too many requests are waiting (--max-waiting); retry later" for d in refused)
-    assert seen_waiting and max(seen_waiting) <= max_waiting
+    assert seen_waiting and max(seen_waiting) <= 2 * max_waiting  # past max_waiting, only clients under their share get in
     finished = sum(kind == "finished" for kind, _ in outcomes)
     assert finished >= max_waiting  # the first arrivals fill the queue at least
 
@@ -154,3 +154,32 @@ def test_a_refusal_comes_before_parsing_and_leaves_the_connection_usable():
                 assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
                 assert http.get(f"{srv.url}/health").status_code == 200
         srv.wait_idle()
+
+
+def test_a_full_queue_refuses_the_flooding_client_and_takes_the_others():
+    """max_waiting 4, one request running at a time. Flooder A fills the queue: its 6th request (1 running,
+    4 waiting) is refused. Past the bound a client is taken while it holds less than max_waiting / (waiting
+    clients): B's first two are taken (0 and 1 < 4 / 2), its third is refused (2 >= 2); A stays refused."""
+    one_at_a_time = PROMPT + MAX_TOKENS + 20
+    statuses: dict[str, list[int]] = {"A": [], "B": []}
+    with running_server(pool_tokens=one_at_a_time, max_waiting=4) as srv:
+
+        async def run():
+            async with httpx2.AsyncClient(timeout=120) as http:
+                held = []
+
+                async def send(client):
+                    r = await http.send(http.build_request("POST", f"{srv.url}/v1/completions", json=body(0), headers={"X-Client-Id": client}), stream=True)
+                    statuses[client].append(r.status_code)
+                    held.append(r)
+
+                for client in ["A"] * 6 + ["B"] * 3 + ["A"]:  # one at a time: each is queued before the next
+                    await send(client)
+                for r in held:
+                    await r.aread()
+                    await r.aclose()
+
+        asyncio.run(run())
+        n = totals(srv.wait_idle())
+    assert statuses == {"A": [200] * 5 + [503, 503], "B": [200, 200, 503]}
+    assert (n["admitted"], n["rejected"], n["finished"]) == (7, 3, 7)

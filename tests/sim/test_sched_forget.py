@@ -232,3 +232,30 @@ def test_a_rate_limit_window_is_dropped_once_it_counts_nothing():
     assert not limited.forget("a", 59.0)  # its arrival at 0 still counts until 60
     assert not limited.on_arrival(Request("a", 1, 1, 59.0, rid=1), 59.0)
     assert limited.forget("a", 60.0) and "a" not in limited._accepted
+
+
+def test_only_the_latest_forgotten_orders_are_kept(monkeypatch):
+    import slora_vtc.sched.vtc as vtc_module
+
+    monkeypatch.setattr(vtc_module, "KEPT_ORDERS", 2)
+    vtc = VTC()
+    for rid, name in enumerate("abc"):
+        serve_one(vtc, name, rid, 1, float(rid))  # orders 0, 1, 2; each left the queue at counter 1
+    for name in "abc":
+        assert vtc.forget(name, 5.0)
+    assert dict(vtc._orders) == {"b": 1, "c": 2}  # a's order went first
+    world = World(vtc, now=6.0)
+    world.arrive(10, "a", 1, 1)
+    assert vtc._clients["a"].order == 3  # a returns as a new client
+
+
+def test_adjust_raises_and_refunds_a_counter_and_keeps_selection_by_it():
+    vtc = VTC(weights={"b": 2.0})
+    world = World(vtc)
+    world.arrive(0, "a", 4, 1)
+    world.arrive(1, "b", 4, 1)
+    vtc.adjust("a", 10.0)  # a: 10, b: 0
+    vtc.adjust("b", 12.0)  # b: 12 (counter units, whatever its weight)
+    assert vtc.counters() == {"a": 10.0, "b": 12.0}
+    vtc.adjust("b", -5.0)  # a refund: b at 7 now comes first
+    assert world.select(100)[0] == 1
