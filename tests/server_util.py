@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx2  # noqa: E402
 import torch  # noqa: E402
+import uvicorn  # noqa: E402
 
 from slora_vtc.server.context import ServerConfig, ServerContext, build_context  # noqa: E402
 from slora_vtc.server.run import server_for  # noqa: E402
@@ -26,13 +27,7 @@ class Running:
 
     def metrics(self) -> dict[str, float]:
         """`name{labels}` -> value, from GET /metrics."""
-        text = httpx2.get(f"{self.url}/metrics").text
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                values[key] = float(value)
-        return values
+        return parse_metrics(httpx2.get(f"{self.url}/metrics").text)
 
     def per_client(self, name: str) -> dict[str, float]:
         pattern = re.compile(rf'^slora_{name}\{{client="(.*)"\}}$')
@@ -57,9 +52,15 @@ def running_server(**settings):
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     ctx = build_context(ServerConfig(**settings))
+    with serve_in_thread(server_for(ctx, log_level="warning")) as (url, _):
+        yield Running(url, ctx)
+
+
+@contextmanager
+def serve_in_thread(server: uvicorn.Server):
+    """Run a uvicorn server on a free loopback port in a thread: (its URL, the thread) until the block ends."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = server_for(ctx, host="127.0.0.1", port=sock.getsockname()[1], log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -68,8 +69,18 @@ def running_server(**settings):
             raise RuntimeError("the server did not start")
         time.sleep(0.01)
     try:
-        yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", ctx)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", thread
     finally:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """`name{labels}` -> value, from the Prometheus text format."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values

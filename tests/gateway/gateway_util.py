@@ -3,7 +3,6 @@ each a real uvicorn server on 127.0.0.1 in a background thread."""
 
 import json
 import re
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx2
 import uvicorn
-from server_util import Running
+from server_util import Running, serve_in_thread
 
 from slora_vtc.gateway.config import GatewayConfig
 from slora_vtc.gateway.context import GatewayContext
@@ -21,25 +20,6 @@ from slora_vtc.server.context import ServerConfig, build_context
 from slora_vtc.server.run import server_for
 
 START_TIMEOUT_S = 30
-
-
-@contextmanager
-def _in_thread(server: uvicorn.Server):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", thread
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @dataclass(frozen=True)
@@ -60,7 +40,7 @@ def upstream(**settings):
     """Our own `serve` (tiny model by default) as an upstream; `.kill()` stops it mid-run."""
     ctx = build_context(ServerConfig(**settings))
     server = server_for(ctx, host="127.0.0.1", log_level="critical")
-    with _in_thread(server) as (url, thread):
+    with serve_in_thread(server) as (url, thread):
         yield Upstream(url, ctx, server, thread)
 
 
@@ -98,7 +78,7 @@ class Gateway:
 def gateway(*upstream_urls: str, **settings):
     """The gateway (GatewayConfig(**settings)) in front of the given upstreams."""
     ctx = build_gateway(GatewayConfig(upstreams=tuple(upstream_urls), **settings))
-    with _in_thread(gateway_server(ctx, log_level="critical")) as (url, _):
+    with serve_in_thread(gateway_server(ctx, log_level="critical")) as (url, _):
         yield Gateway(url, ctx)
 
 
@@ -171,7 +151,7 @@ class FakeUpstream:
 @contextmanager
 def fake_upstream(fake: FakeUpstream):
     server = uvicorn.Server(uvicorn.Config(fake.app(), host="127.0.0.1", log_level="critical", lifespan="off"))
-    with _in_thread(server) as (url, _):
+    with serve_in_thread(server) as (url, _):
         try:
             yield url
         finally:

@@ -7,7 +7,7 @@ import time
 
 import httpx2
 import pytest
-from server_util import running_server
+from server_util import parse_metrics, running_server
 
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
 from slora_vtc.clock import VirtualClock
@@ -20,15 +20,6 @@ from slora_vtc.server.service import Ended, EngineService, Subscriber
 from slora_vtc.server.stats import RELABEL_S, ServerStats, ServiceWindow
 
 BUILD = BuildInfo("0", "vtc", "sim")
-
-
-def parse(text: str) -> dict[str, float]:
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
 
 
 def series(values: dict[str, float], name: str) -> dict[str, float]:
@@ -64,7 +55,7 @@ def serve_all(service: EngineService, requests: list[Request]) -> list[Ended]:
 
 
 def scrape(service: EngineService) -> dict[str, float]:
-    return parse(render(service.snapshot().result(timeout=30), BUILD, {}).decode())
+    return parse_metrics(render(service.snapshot().result(timeout=30), BUILD, {}).decode())
 
 
 def test_latency_histograms_counters_shares_and_jain_by_hand():

@@ -157,29 +157,25 @@ def test_a_refusal_comes_before_parsing_and_leaves_the_connection_usable():
 
 
 def test_a_full_queue_refuses_the_flooding_client_and_takes_the_others():
-    """max_waiting 4, one request running at a time. Flooder A fills the queue: its 6th request (1 running,
-    4 waiting) is refused. Past the bound a client is taken while it holds less than max_waiting / (waiting
-    clients): B's first two are taken (0 and 1 < 4 / 2), its third is refused (2 >= 2); A stays refused."""
-    one_at_a_time = PROMPT + MAX_TOKENS + 20
+    """max_waiting 4, one request running at a time (each far longer than the test). Flooder A fills the
+    queue: its 6th request (1 running, 4 waiting) is refused. Past the bound a client is taken while it
+    holds less than max_waiting / (waiting clients): B's first two are taken (0 and 1 < 4 / 2), its
+    third is refused (2 >= 2); A stays refused. Closing the streams aborts the 7 taken."""
+    long = {"prompt": [1, 2, 3], "max_tokens": 3000, "stream": True, "ignore_eos": True}
     statuses: dict[str, list[int]] = {"A": [], "B": []}
-    with running_server(pool_tokens=one_at_a_time, max_waiting=4) as srv:
+    with running_server(pool_tokens=3 + 3000 + 20, max_waiting=4) as srv:
 
         async def run():
             async with httpx2.AsyncClient(timeout=120) as http:
                 held = []
-
-                async def send(client):
-                    r = await http.send(http.build_request("POST", f"{srv.url}/v1/completions", json=body(0), headers={"X-Client-Id": client}), stream=True)
+                for client in ["A"] * 6 + ["B"] * 3 + ["A"]:  # one at a time: each is queued before the next is sent
+                    r = await http.send(http.build_request("POST", f"{srv.url}/v1/completions", json=long, headers={"X-Client-Id": client}), stream=True)
                     statuses[client].append(r.status_code)
                     held.append(r)
-
-                for client in ["A"] * 6 + ["B"] * 3 + ["A"]:  # one at a time: each is queued before the next
-                    await send(client)
                 for r in held:
-                    await r.aread()
                     await r.aclose()
 
         asyncio.run(run())
         n = totals(srv.wait_idle())
     assert statuses == {"A": [200] * 5 + [503, 503], "B": [200, 200, 503]}
-    assert (n["admitted"], n["rejected"], n["finished"]) == (7, 3, 7)
+    assert (n["admitted"], n["rejected"], n["aborted"]) == (7, 3, 7)
