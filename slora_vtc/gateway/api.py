@@ -1,7 +1,9 @@
 """The request kinds the gateway relays: what it reads from a body, and from each streamed chunk.
 
 The gateway reads only what it needs to schedule and charge (stream, max_tokens, n, user, an
-estimate of the prompt's length); every other field goes to the upstream untouched. A streamed
+estimate of the prompt's length); every other field goes to the upstream untouched (a request
+that does not stream gets `stream` and `stream_options` when assemble.py can answer it whole from
+the stream). A streamed
 chunk carries one token per choice with text (vLLM and our `serve` send a chunk per token; a
 token that completes no character sends none, which `usage` then makes up).
 """
