@@ -14,7 +14,8 @@ from gateway_util import FakeUpstream, fake_upstream, gateway, wait_for
 from openai import OpenAI
 from server_util import running_server
 
-from slora_vtc.gateway.assemble import assembles
+from slora_vtc.gateway.api import COMPLETIONS
+from slora_vtc.gateway.assemble import Assembled, Unassembled, assembles
 
 STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
 
@@ -54,7 +55,7 @@ def _comparable(answer) -> dict:
     return answer.model_dump(exclude={"id", "created"})
 
 
-COMPLETIONS = {
+COMPLETION_CASES = {
     "logprobs": dict(prompt="Hello, gateway", max_tokens=8, logprobs=2),
     "n=2, several prompts": dict(prompt=["One prompt", "and another"], max_tokens=5, n=2, logprobs=0),
     "token ids": dict(prompt=[5, 9, 13, 2], max_tokens=6),
@@ -63,9 +64,9 @@ COMPLETIONS = {
 }
 
 
-@pytest.mark.parametrize("case", COMPLETIONS)
+@pytest.mark.parametrize("case", COMPLETION_CASES)
 def test_a_whole_completion_through_the_gateway_equals_the_upstream_s_own(gw, serve, sent, case):
-    args = {"model": "tiny", "temperature": 0, "extra_body": {"ignore_eos": True}, **COMPLETIONS[case]}
+    args = {"model": "tiny", "temperature": 0, "extra_body": {"ignore_eos": True}, **COMPLETION_CASES[case]}
     client = f"c-{case}"
     direct, through = openai_client(serve.url).completions.create(**args), openai_client(gw.url, client).completions.create(**args)
     assert _comparable(through) == _comparable(direct)
@@ -206,3 +207,60 @@ def test_which_requests_are_re_assembled():
     assert not assembles({"prompt": "x", "stream_options": {"include_usage": True}}, chat=False)  # the upstream's 400 stays
     assert assembles({"messages": [], "logprobs": True, "top_logprobs": 2, "max_completion_tokens": 4}, chat=True)
     assert not assembles({"messages": [], "tools": [], "tool_choice": "auto"}, chat=True)
+
+
+def _chunk(choices: list[dict], **envelope) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m", **envelope, "choices": choices}
+
+
+def test_vllm_s_completion_chunks_make_its_whole_answer():
+    """Chunks shaped as vLLM streams them (every choice field present, null until used; usage last,
+    with its nulls left out), two choices interleaved; the expected answer written out by hand."""
+    def choice(i, text, lp, finish=None, stop=None):
+        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": stop, "prompt_token_ids": None, "token_ids": None}
+
+    def lp(token, value, offset):
+        return {"text_offset": [offset], "token_logprobs": [value], "tokens": [token], "top_logprobs": [{token: value}]}
+
+    whole = Assembled(chat=False)
+    for chunk in [_chunk([choice(0, "Hel", lp("Hel", -0.5, 0))]), _chunk([choice(1, "A", lp("A", -1.0, 0))]),
+                  _chunk([choice(0, "lo", lp("lo", -0.25, 3), finish="stop", stop="!")], system_fingerprint="fp"),
+                  _chunk([choice(1, "", lp("\n", -2.0, 1), finish="length")]),
+                  _chunk([], usage={"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8})]:
+        whole.add(chunk)
+    assert whole.result() == {
+        "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m", "system_fingerprint": "fp",
+        "choices": [
+            {"index": 0, "text": "Hello", "finish_reason": "stop", "stop_reason": "!",
+             "logprobs": {"text_offset": [0, 3], "token_logprobs": [-0.5, -0.25], "tokens": ["Hel", "lo"], "top_logprobs": [{"Hel": -0.5}, {"lo": -0.25}]}},
+            {"index": 1, "text": "A", "finish_reason": "length", "stop_reason": None,
+             "logprobs": {"text_offset": [0, 1], "token_logprobs": [-1.0, -2.0], "tokens": ["A", "\n"], "top_logprobs": [{"A": -1.0}, {"\n": -2.0}]}},
+        ],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8},
+    }
+
+
+def test_openai_s_chat_chunks_make_its_whole_answer_and_a_tool_call_is_refused():
+    whole = Assembled(chat=True)
+    envelope = {"object": "chat.completion.chunk", "service_tier": "default", "obfuscation": "xyz", "usage": None}
+    token = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
+    for delta, finish, lps in [({"role": "assistant", "content": "", "refusal": None}, None, None),
+                               ({"content": "Hi"}, None, {"content": [token], "refusal": None}),
+                               ({"content": " there"}, None, {"content": [{**token, "token": " there"}], "refusal": None}),
+                               ({}, "stop", None)]:
+        whole.add(_chunk([{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}], **envelope))
+    whole.add(_chunk([], **{**envelope, "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}))
+    assert whole.result() == {
+        "id": "cmpl-1", "object": "chat.completion", "created": 5, "model": "m", "service_tier": "default",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi there"}, "finish_reason": "stop",
+                     "logprobs": {"content": [token, {**token, "token": " there"}], "refusal": None}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+    }
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    with pytest.raises(Unassembled, match="tool_calls"):
+        Assembled(chat=True).add(_chunk([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]))
+
+
+def test_older_vllm_s_error_event_is_an_error():
+    assert COMPLETIONS.is_error({"object": "error", "message": "boom", "type": "BadRequestError", "code": 400})
+    assert not COMPLETIONS.is_error(_chunk([]))
