@@ -1,7 +1,9 @@
 """The request kinds the gateway relays: what it reads from a body, and from each streamed chunk.
 
 The gateway reads only what it needs to schedule and charge (stream, max_tokens, n, user, an
-estimate of the prompt's length); every other field goes to the upstream untouched. A streamed
+estimate of the prompt's length); every other field goes to the upstream untouched (a request
+that does not stream gets `stream` and `stream_options` when assemble.py can answer it whole from
+the stream). A streamed
 chunk carries one token per choice with text (vLLM and our `serve` send a chunk per token; a
 token that completes no character sends none, which `usage` then makes up).
 """
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slora_vtc.gateway.assemble import assembles
 from slora_vtc.gateway.charges import estimate_tokens
 from slora_vtc.server.errors import ApiError
 from slora_vtc.server.protocol import GenerateParameters
@@ -97,10 +100,15 @@ class ApiKind:
     is_error: Callable[[dict], bool]
     error_event: Callable[[ApiError], list[str]]  # the events that end a stream the upstream broke
     openai: bool = True
+    chat: bool = False
+    streams_whole: Callable[[dict], bool] = lambda body: False  # a request that does not stream may be sent as a stream (assemble.py)
 
-    def upstream_body(self, body: dict, routing: Routing) -> bytes:
-        """The body to send: the client's, with usage asked for when it streams (to reconcile)."""
-        if self.openai and routing.stream and not routing.client_wants_usage:
+    def upstream_body(self, body: dict, routing: Routing, as_stream: bool = False) -> bytes:
+        """The body to send: the client's, with usage asked for when it streams (to reconcile);
+        `as_stream`: a request that does not stream, sent as a stream with usage."""
+        if as_stream:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        elif self.openai and routing.stream and not routing.client_wants_usage:
             body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
         return json.dumps(body).encode()
 
@@ -142,13 +150,15 @@ def _chat_delta(choice: dict) -> object:
 
 
 def _has_error(event: dict) -> bool:
-    return "error" in event
+    return "error" in event or event.get("object") == "error"  # the latter: older vLLM's error events
 
 
 COMPLETIONS = ApiKind("completions", "/v1/completions", lambda b: _openai_routing(b, chat=False),
-                      _choices_with(lambda c: c.get("text")), _openai_usage, lambda e: False, _has_error, _openai_error)
+                      _choices_with(lambda c: c.get("text")), _openai_usage, lambda e: False, _has_error, _openai_error,
+                      streams_whole=lambda b: assembles(b, chat=False))
 CHAT = ApiKind("chat", "/v1/chat/completions", lambda b: _openai_routing(b, chat=True),
-               _choices_with(_chat_delta), _openai_usage, lambda e: False, _has_error, _openai_error)
+               _choices_with(_chat_delta), _openai_usage, lambda e: False, _has_error, _openai_error,
+               chat=True, streams_whole=lambda b: assembles(b, chat=True))
 
 
 # S-LoRA's /generate and /generate_stream (what bench-http sends): one event per token, then a final one

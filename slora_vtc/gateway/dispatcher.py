@@ -38,6 +38,8 @@ class Ticket:
     upstream: Upstream | None = None
     charged: float = 0.0  # counter units the scheduler charged it (refunded if it fails)
     service: float = 0.0  # service units it added to its client's ledger
+    predicts: bool = False  # its output is seen only at its end: its max_tokens is charged at dispatch
+    predicted: float = 0.0  # counter units of that prediction, until its usage replaces it
 
 
 @dataclass
@@ -100,9 +102,10 @@ class Dispatcher:
         return len(self._waiting)
 
     # -- arrival and dispatch ----------------------------------------------------------------
-    def submit(self, client: str, prompt_len: int, max_tokens: int) -> Ticket:
+    def submit(self, client: str, prompt_len: int, max_tokens: int, predicts: bool = False) -> Ticket:
         """Queue a request (or refuse it: 503 when nothing can serve it or the queue is full, 429
-        over the client's rate limit); it may be dispatched at once."""
+        over the client's rate limit); it may be dispatched at once. `predicts`: a request whose
+        tokens cannot be seen as they come (passed through whole), charged its max_tokens at dispatch."""
         if not self.pool.any_up:
             self._refused(client)
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
@@ -114,7 +117,7 @@ class Dispatcher:
         if not self.scheduler.on_arrival(req, now):
             self._refused(client)
             raise Busy(429, f"client '{client}' is over its rate limit", "rate_limit_error", "rate_limit_exceeded")
-        ticket = Ticket(req, asyncio.get_running_loop().create_future())
+        ticket = Ticket(req, asyncio.get_running_loop().create_future(), predicts=predicts)
         self._waiting[req.rid] = ticket
         self.stats[client].live += 1
         self.idle.pop(client, None)
@@ -169,7 +172,21 @@ class Dispatcher:
         self.pool.acquire(upstream)
         self.stats[req.client].inflight += 1
         self._serve(ticket, self.cost(req.prompt_len, 0))
+        if ticket.predicts:
+            self._predict(ticket)
         ticket.slot.set_result(upstream)
+
+    def _predict(self, ticket: Ticket) -> None:
+        """Charge the request as if it produced all of max_tokens (beyond what `select` charged
+        already: a predicting VTC's own prediction); `reconcile` takes it back for the true count."""
+        req = ticket.request
+        if self.counters.vtc is None:
+            return
+        extra = engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.counters.weight(req.client) - ticket.charged
+        if extra > 0:
+            self.counters.adjust(req.client, extra)
+            ticket.charged += extra
+            ticket.predicted = extra
 
     def move(self, ticket: Ticket) -> bool:
         """Move a dispatched request that its upstream could not take (nothing was sent) to the
@@ -203,8 +220,12 @@ class Dispatcher:
 
     def reconcile(self, ticket: Ticket, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The upstream's `usage`: charge tokens the chunks did not show, and correct the prompt's
-        estimate (counter and ledger) to its true length."""
+        estimate (counter and ledger) to its true length. A prediction made at dispatch is taken back first."""
         req = ticket.request
+        if ticket.predicted:
+            self.counters.adjust(req.client, -ticket.predicted)
+            ticket.charged -= ticket.predicted
+            ticket.predicted = 0.0
         if completion_tokens is not None and completion_tokens > req.generated:
             self.on_tokens(ticket, completion_tokens - req.generated)
         if prompt_tokens is not None and prompt_tokens != req.prompt_len:

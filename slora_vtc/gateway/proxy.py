@@ -1,22 +1,32 @@
 """One request through the gateway: queue, wait for a slot, send upstream, relay and charge.
 
+A request takes one of three paths:
+- it streams: its chunks are relayed and charged as they pass;
+- it does not stream, and its whole answer can be re-assembled from a stream (assemble.py: every
+  completions and chat request but those with tools and a few other fields): it is sent as a
+  stream, charged chunk by chunk as a stream is, and answered whole at its end;
+- otherwise (and /generate) it is passed through as it is; completions and chat are charged their
+  max_tokens at dispatch as a prediction, which the answer's usage replaces.
+
 Every way a request can end settles it in the dispatcher exactly once: finished (the stream's
 end, or the whole answer), failed (the upstream broke, timed out or refused it: refunded, an
 OpenAI-shaped 502 / 504 or a final error event), or aborted (the client went away: charged for
-what it was sent).
+what it was sent, or for what was produced until then).
 """
 
 import asyncio
 import json
+from collections.abc import Coroutine
 
 import httpx2
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from slora_vtc.gateway.api import ApiKind, Routing, is_usage_only
+from slora_vtc.gateway.api import ApiKind, Routing
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Ticket
+from slora_vtc.gateway.relay import answer_whole, failed, relay
 from slora_vtc.gateway.upstream import Upstream
 from slora_vtc.server.errors import ApiError
 
@@ -24,8 +34,10 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nob
 
 
 async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routing, client: str, http: HttpRequest) -> Response:
-    data = kind.upstream_body(body, routing)
-    ticket = ctx.dispatcher.submit(client, routing.prompt_tokens, routing.max_tokens)
+    as_stream = not routing.stream and kind.streams_whole(body)
+    data = kind.upstream_body(body, routing, as_stream)
+    predicts = kind.openai and not routing.stream and not as_stream
+    ticket = ctx.dispatcher.submit(client, routing.prompt_tokens, routing.max_tokens, predicts)
     if await _slot(ctx, ticket, http) is None:
         return Response(status_code=CLIENT_GONE)
     headers = ctx.upstream_headers(http.headers.get("authorization"), client)
@@ -34,13 +46,19 @@ async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routi
         if reply.status_code != 200:
             return await _refused(ctx, ticket, reply)
         if routing.stream:
-            events = _relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
+            events = relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
             # the background task settles a stream cancelled before its first chunk (the generator's finally never runs then)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                                      background=BackgroundTask(_settle_unsettled, ctx, ticket, reply))
+        if as_stream:
+            answer = await _unless_client_leaves(answer_whole(ctx, kind, ticket, reply), http)
+            if answer is None:
+                ctx.dispatcher.abort(ticket)
+                return Response(status_code=CLIENT_GONE)
+            return answer
         return await _whole(ctx, kind, ticket, reply)
     except httpx2.HTTPError as e:
-        raise _failed(ctx, ticket, e) from None
+        raise failed(ctx, ticket, e) from None
     except BaseException:
         ctx.dispatcher.abort(ticket)  # cancelled (the gateway is stopping); a no-op for a request already settled
         raise
@@ -56,7 +74,7 @@ async def _send(ctx: GatewayContext, ticket: Ticket, path: str, data: bytes, hea
             dead = ticket.upstream
             ctx.mark_down(dead)
             if not ctx.dispatcher.move(ticket):
-                raise  # nowhere else to go: a 502 (_failed counts this last error)
+                raise  # nowhere else to go: a 502 (failed counts this last error)
             dead.errors += 1
 
 
@@ -87,21 +105,6 @@ async def _disconnected(http: HttpRequest) -> None:
         pass
 
 
-def _failed(ctx: GatewayContext, ticket: Ticket, error: httpx2.HTTPError) -> ApiError:
-    """Count the upstream's failure, refund the request, and say what happened."""
-    upstream = ticket.upstream
-    ctx.dispatcher.fail(ticket)
-    if isinstance(error, httpx2.TimeoutException):
-        upstream.timeouts += 1
-        if isinstance(error, httpx2.ConnectTimeout):
-            ctx.mark_down(upstream)
-        return ApiError(504, f"upstream {upstream.url} timed out ({type(error).__name__})", "server_error", "upstream_timeout")
-    upstream.errors += 1
-    if isinstance(error, httpx2.ConnectError):
-        ctx.mark_down(upstream)  # nothing listens: out of service until a probe answers (a broken stream alone is not that)
-    return ApiError(502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error")
-
-
 async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> Response:
     """The upstream answered an error: a 4xx goes to the client as it is (the request is the
     client's problem, and nothing was served); a 5xx is the upstream's and becomes a 502."""
@@ -127,7 +130,7 @@ def _message(content: bytes) -> str:
 
 
 async def _whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response) -> Response:
-    """A request that does not stream is charged when its answer arrives, from its usage."""
+    """A request passed through whole: its usage replaces the prediction it was charged at dispatch."""
     try:
         content = await reply.aread()
     finally:
@@ -144,49 +147,16 @@ async def _whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: http
     return Response(content, media_type="application/json")
 
 
-async def _relay(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response, drop_usage: bool):
-    """Pass the upstream's events on as they come, charging their tokens on the way."""
-    settled, complete, broken = False, False, None
-    dispatcher = ctx.dispatcher
+async def _unless_client_leaves(work: Coroutine, http: HttpRequest) -> Response | None:
+    """What `work` returns (or raises), or None if the client disconnects first: `work` is then
+    cancelled, and its own clean-up (closing the upstream's reply) has run when this returns."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(http))
     try:
-        async for line in reply.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                complete = broken is None
-                yield "data: [DONE]\n\n"
-                continue
-            try:
-                event = json.loads(data)
-            except ValueError:
-                event = None
-            if isinstance(event, dict):
-                if kind.is_error(event):
-                    broken = event
-                elif tokens := kind.tokens_in(event):
-                    dispatcher.on_tokens(ticket, tokens)
-                if broken is None and (usage := kind.usage(event)) is not None:
-                    dispatcher.reconcile(ticket, *usage)
-                complete = complete or (broken is None and kind.ends(event))
-                if drop_usage and is_usage_only(event):
-                    continue
-            yield f"{line}\n\n"
-        settled = True
-        if complete:
-            dispatcher.finish(ticket)
-        else:
-            ticket.upstream.errors += 1
-            dispatcher.fail(ticket)
-            if broken is None:  # the upstream's own error event, if any, has gone out already
-                error = ApiError(502, f"upstream {ticket.upstream.url} ended the stream early", "server_error", "upstream_error")
-                for event in kind.error_event(error):
-                    yield event
-    except httpx2.HTTPError as e:
-        settled = True
-        for event in kind.error_event(_failed(ctx, ticket, e)):
-            yield event
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not settled:
-            dispatcher.abort(ticket)  # the client went away (the generator was closed or cancelled)
-        await reply.aclose()
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    return None if task.cancelled() else task.result()

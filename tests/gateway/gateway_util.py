@@ -84,16 +84,21 @@ def gateway(*upstream_urls: str, **settings):
 
 class FakeUpstream:
     """An OpenAI-compatible stand-in whose timing the test controls: it records every body (and
-    the headers) it gets, streams one chunk per token (max_tokens of them, "x" each), holds its streams after
-    `hold_after` chunks until `release` is set, and with `hang` never answers at all."""
+    the headers) it gets, streams one chunk per token (max_tokens of them, "x" each, or `output_tokens`),
+    holds its streams after `hold_after` chunks (and its whole answers) until `release` is set, and
+    with `hang` never answers at all. `break_after` chunks, a stream ends with `breaks`: "event" (an
+    error event, then [DONE], as vLLM and `serve` send), "cut" (the connection drops) or "end"
+    (it ends without [DONE])."""
 
-    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7, vllm_metrics: bool = False):
+    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7, vllm_metrics: bool = False,
+                 output_tokens: int | None = None, break_after: int | None = None, breaks: str = "event"):
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.vllm_metrics = vllm_metrics
         self.queued = 0  # what /metrics reports as vllm:num_requests_waiting (with vllm_metrics)
         self.release = threading.Event()
         self.hold_after, self.hang, self.prompt_tokens = hold_after, hang, prompt_tokens
+        self.output_tokens, self.break_after, self.breaks = output_tokens, break_after, breaks
 
     def app(self):
         import asyncio
@@ -126,14 +131,23 @@ class FakeUpstream:
             self.headers.append(dict(request.headers))
             if self.hang:
                 await asyncio.sleep(3600)
-            n = body.get("max_tokens", 16)
+            n = self.output_tokens or body.get("max_tokens", 16)
             usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
             if not body.get("stream"):
+                while self.hold_after is not None and not self.release.is_set():
+                    await asyncio.sleep(0.005)
                 return {"id": "c", "object": "text_completion", "created": 0, "model": "fake",
                         "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}], "usage": usage}
 
             async def chunks():
                 for i in range(n):
+                    if i == self.break_after:
+                        if self.breaks == "cut":
+                            raise ConnectionResetError("the fake upstream cuts the stream")
+                        if self.breaks == "event":
+                            yield f"data: {json.dumps({'error': {'message': 'the fake upstream broke', 'type': 'server_error'}})}\n\n"
+                            yield "data: [DONE]\n\n"
+                        return
                     if self.hold_after is not None and i == self.hold_after:
                         while not self.release.is_set():
                             await asyncio.sleep(0.005)

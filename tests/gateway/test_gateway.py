@@ -193,7 +193,7 @@ def test_clients_file_keys_weights_and_rate_limits(tmp_path):
         r = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-nope"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         ok = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-a", "X-Client-Id": "bob"})
-        assert ok.status_code == 200 and fake.bodies[-1] == body
+        assert ok.status_code == 200 and fake.bodies[-1] == {**body, "stream": True, "stream_options": {"include_usage": True}}  # sent as a stream
         assert "authorization" not in fake.headers[-1] and fake.headers[-1]["x-client-id"] == "alice"  # the key stays here
         assert httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"}).status_code == 200
         limited = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"})
