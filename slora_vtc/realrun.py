@@ -12,7 +12,7 @@ from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.model.adapters import AdapterTable
-from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.profile import PrefixHitPoint, ProfilePoint
 from slora_vtc.request import Request, State

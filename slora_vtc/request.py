@@ -6,7 +6,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the simulator path imports no torch
-    from slora_vtc.model.sampling import SamplingParams
+    from slora_vtc.model.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.sampler import BatchSampler
-from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import ModelSpec, resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.request import Request, TokenLogprob

@@ -11,7 +11,7 @@ def adapters_of(args) -> AdapterTable:
 
 
 def cmd_generate(args) -> int:
-    from slora_vtc.model.sampling import SamplingParams
+    from slora_vtc.model.sampling_params import SamplingParams
     from slora_vtc.realrun import generate
 
     prompts = [_ids(text) for text in args.prompt_ids]

@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from slora_vtc.memory import fits_alone
-from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.request import Request, TokenLogprob
 from slora_vtc.server.admission import check_adapter, refusal
 from slora_vtc.server.clients import ClientConfig

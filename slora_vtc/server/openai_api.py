@@ -12,7 +12,7 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Request
 
-from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import Caller, caller, context

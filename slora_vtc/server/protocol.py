@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from slora_vtc.model.sampling import MAX_LOGPROBS, SEED_RANGE
+from slora_vtc.model.sampling_params import MAX_LOGPROBS, SEED_RANGE
 
 Prompt = str | list[int]
 

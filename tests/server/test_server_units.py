@@ -10,7 +10,7 @@ from llama_util import real_engine, save_hf_llama, tiny_backend
 from server_util import running_server
 
 from slora_vtc.errors import UserError
-from slora_vtc.model.sampling import SamplingParams
+from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import get_model_spec, resolve_spec
 from slora_vtc.request import Request, State
 from slora_vtc.server.protocol import ChatRequest, CompletionRequest
