@@ -6,7 +6,10 @@ once, so that what is measured is the gateway and not a model. The gateway runs 
 `slora-vtc gateway --scheduler vtc` in its own process, the client here, one request at a time
 over a keep-alive connection. Direct and gateway requests alternate, and the added latency is
 taken per pair (gateway minus the direct request just before it), so drift on a shared machine
-cancels; p50 and p99 over the pairs. Writes benchmarks/results/gateway_overhead.json.
+cancels; p50 and p99 over the pairs. A bare pass-through proxy (`--bare`: Starlette and httpx2,
+the gateway's own stack, forwarding the body and returning the answer, nothing else) is timed the
+same way: the floor of what any proxy on this stack adds. Writes
+benchmarks/results/gateway_overhead.json.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--pairs 300] [--chunks 32]
 
@@ -70,6 +73,25 @@ def stub_app():
     return app
 
 
+def bare_app(upstream: str):
+    """A pass-through proxy with nothing but the stack: read the body, post it upstream, return the answer."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    state = {}
+
+    async def forward(request):
+        client = state.get("http") or state.setdefault("http", httpx2.AsyncClient(timeout=30))
+        reply = await client.post(f"{upstream}/v1/completions", content=await request.body(), headers={"content-type": "application/json"})
+        return Response(reply.content, status_code=reply.status_code, media_type="application/json")
+
+    async def health(request):
+        return Response("ok")
+
+    return Starlette(routes=[Route("/v1/completions", forward, methods=["POST"]), Route("/health", health)])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,18 +135,22 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(ordered) * 1e3, 4), "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 4)}
 
 
-def measure(direct: str, gateway: str, pairs: int, chunks: int) -> dict:
+def measure(direct: str, gateway: str, bare: str, pairs: int, chunks: int) -> dict:
     whole = {"prompt": "hello", "max_tokens": 16}
     stream = {"prompt": "hello", "max_tokens": chunks, "stream": True}
     with httpx2.Client(timeout=30) as http:
         for _ in range(WARMUP):
-            timed_request(http, direct, whole), timed_request(http, gateway, whole)
+            timed_request(http, direct, whole), timed_request(http, gateway, whole), timed_request(http, bare, whole)
             timed_stream(http, direct, stream, chunks), timed_stream(http, gateway, stream, chunks)
         req_direct, req_added = [], []
         for _ in range(pairs):
             d = timed_request(http, direct, whole)
             req_direct.append(d)
             req_added.append(timed_request(http, gateway, whole) - d)
+        bare_added = []
+        for _ in range(pairs):
+            d = timed_request(http, direct, whole)
+            bare_added.append(timed_request(http, bare, whole) - d)
         first_added, chunk_added, stream_direct = [], [], []
         for _ in range(pairs):
             d_first, d_total = timed_stream(http, direct, stream, chunks)
@@ -134,6 +160,7 @@ def measure(direct: str, gateway: str, pairs: int, chunks: int) -> dict:
             chunk_added.append(((g_total - g_first) - (d_total - d_first)) / max(1, chunks - 1))
     return {
         "request": {"direct": percentiles_ms(req_direct), "added": percentiles_ms(req_added)},
+        "bare_proxy": {"added": percentiles_ms(bare_added)},
         "stream": {"chunks": chunks, "direct_total": percentiles_ms(stream_direct), "added_first_chunk": percentiles_ms(first_added),
                    "added_per_later_chunk": percentiles_ms(chunk_added)},
     }
@@ -144,21 +171,25 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=300, help="direct/gateway pairs per measurement (default 300)")
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed request (default 32)")
     parser.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)  # run the stub upstream
+    parser.add_argument("--bare", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)  # run the bare proxy
     args = parser.parse_args()
-    if args.stub:
+    if args.stub or args.bare:
         import uvicorn
-        uvicorn.run(stub_app(), host="127.0.0.1", port=args.stub, log_level="warning")
+        app, port = (stub_app(), args.stub) if args.stub else (bare_app(args.bare[1]), int(args.bare[0]))
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
         return 0
-    stub_port, gateway_port = free_port(), free_port()
-    direct, gateway = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{gateway_port}"
+    stub_port, gateway_port, bare_port = free_port(), free_port(), free_port()
+    direct, gateway, bare = (f"http://127.0.0.1:{port}" for port in (stub_port, gateway_port, bare_port))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(stub_port)], env=env)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(stub_port)], env=env),
+             subprocess.Popen([sys.executable, __file__, "--bare", str(bare_port), direct], env=env)]
     try:
         wait_ready(direct)
+        wait_ready(bare)
         procs.append(subprocess.Popen([sys.executable, "-m", "slora_vtc", "gateway", "--upstream", direct, "--port", str(gateway_port),
                                        "--scheduler", "vtc", "--max-inflight", "64", "--log-level", "warning"], env=env))
         wait_ready(gateway)
-        result = measure(direct, gateway, args.pairs, args.chunks)
+        result = measure(direct, gateway, bare, args.pairs, args.chunks)
     finally:
         for proc in procs:
             proc.terminate()

@@ -53,7 +53,7 @@ class _Choice:
 
     def __init__(self, chat: bool):
         self.chat = chat
-        self.text: dict[str, str] = {}  # completions: "text"; chat: the message's text fields
+        self.text: dict[str, list[str]] = {}  # completions: "text"; chat: the message's text fields; pieces, joined at the end
         self.role = "assistant"
         self.logprobs: dict | None = None
         self.finish_reason = None
@@ -88,7 +88,7 @@ class _Choice:
     def _append(self, key: str, text: str) -> None:
         if not isinstance(text, str):
             raise Unassembled(f"a chunk's '{key}' is not text")
-        self.text[key] = self.text.get(key, "") + text
+        self.text.setdefault(key, []).append(text)
 
     def _logprobs(self, logprobs: dict) -> None:
         if not isinstance(logprobs, dict):
@@ -96,7 +96,9 @@ class _Choice:
         merged = self.logprobs if self.logprobs is not None else {}
         for key, value in logprobs.items():
             if isinstance(value, list):
-                merged[key] = (merged.get(key) or []) + value
+                if merged.get(key) is None:
+                    merged[key] = []
+                merged[key].extend(value)
             elif value is None:
                 merged.setdefault(key, None)
             else:
@@ -104,12 +106,12 @@ class _Choice:
         self.logprobs = merged
 
     def whole(self, index: int) -> dict:
+        text = {key: "".join(pieces) for key, pieces in self.text.items()}
         if self.chat:
-            message = {"role": self.role, "content": self.text.get("content"),
-                       **{key: self.text[key] for key in CHAT_TEXT[1:] if key in self.text}}
+            message = {"role": self.role, "content": text.get("content"), **{key: text[key] for key in CHAT_TEXT[1:] if key in text}}
             body = {"index": index, "message": message}
         else:
-            body = {"index": index, "text": self.text.get("text", "")}
+            body = {"index": index, "text": text.get("text", "")}
         body.update(logprobs=self.logprobs, finish_reason=self.finish_reason)
         if self.has_stop_reason:
             body["stop_reason"] = self.stop_reason
@@ -144,7 +146,9 @@ class Assembled:
             index = choice.get("index") if isinstance(choice, dict) else None
             if not isinstance(index, int) or isinstance(index, bool):
                 raise Unassembled("a chunk's choice has no index")
-            self.choices.setdefault(index, _Choice(self.chat)).add(choice)
+            if index not in self.choices:
+                self.choices[index] = _Choice(self.chat)
+            self.choices[index].add(choice)
 
     def result(self) -> dict:
         envelope = dict(self.envelope)
