@@ -24,7 +24,7 @@ def add_parsers(sub) -> None:
     gw.add_argument("--port", type=int, default=8080)
     gw.add_argument("--max-inflight", type=int,
                     help="requests in flight per upstream, fixed (default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)")
-    gw.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the gateway; more get a 503 with Retry-After (default 2048)")
+    gw.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)")
     gw.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to an upstream (default 5)")
     gw.add_argument("--upstream-timeout", type=float, default=300.0, help="seconds to wait for an upstream's next byte before a 504 (default 300)")
     gw.add_argument("--upstream-api-key", help="send 'Authorization: Bearer KEY' to the upstreams (e.g. vLLM's --api-key)")

@@ -28,7 +28,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_inflight: int | None = None  # fixed per upstream; None: adapted from vLLM's queue metrics where exposed
-    max_waiting: int = 2048  # requests queued in the scheduler; more get a 503 with Retry-After
+    max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 (sched/shedding.py)
     connect_timeout_s: float = 5.0
     upstream_timeout_s: float = 300.0  # the longest wait for the upstream's next byte
     upstream_api_key: str | None = None  # sent to every upstream as 'Authorization: Bearer KEY'

@@ -18,6 +18,7 @@ from slora_vtc.gateway.charges import Counters, engine_charge
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.request import Request, State
 from slora_vtc.sched import Scheduler
+from slora_vtc.sched.shedding import queue_refuses
 from slora_vtc.server.errors import ApiError
 
 RETRY_AFTER_S = 1
@@ -109,9 +110,10 @@ class Dispatcher:
         if not self.pool.any_up:
             self._refused(client)
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
-        if len(self._waiting) >= self.max_waiting:
+        if queue_refuses(self.scheduler, client, self.max_waiting):
             self._refused(client)
-            raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting)", "server_error", "queue_full")
+            raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting; past that bound a client "
+                            "holding its even share of it is refused)", "server_error", "queue_full")
         now = self.now()
         req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))
         if not self.scheduler.on_arrival(req, now):

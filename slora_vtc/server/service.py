@@ -25,6 +25,7 @@ from functools import partial
 
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State, TokenLogprob
+from slora_vtc.sched.shedding import queue_refuses
 from slora_vtc.server.stats import OTHER, ServerStats, Snapshot
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class EngineService:
         return progressed
 
     def _add(self, req: Request, sub: Subscriber) -> None:
-        if self._stop_at is not None or self._queue_full(req.client):
+        if self._stop_at is not None or queue_refuses(self.engine.scheduler, req.client, self.max_waiting):
             req.state, req.reason = State.REJECTED, QUEUE_FULL if self._stop_at is None else self.error or SHUTTING_DOWN
             self.stats[req.client].rejected += 1
             self._emit(sub, Ended.of(req))
@@ -244,22 +245,6 @@ class EngineService:
         if self.engine.add_request(req):  # a rejection already went out through _on_end
             self.stats[req.client].admitted += 1
             self._emit(sub, Accepted())
-
-    def _queue_full(self, client: str) -> bool:
-        """Whether the scheduler's queue refuses this client's next request. Up to max_waiting requests
-        every client is taken; beyond, only a client holding less than its share of max_waiting (split
-        evenly over the waiting clients, itself included), so one flooding client cannot lock the
-        others out; at 2 * max_waiting everyone is refused."""
-        if self.max_waiting is None:
-            return False
-        waiting = self.engine.scheduler.num_waiting()
-        if waiting < self.max_waiting:
-            return False
-        if waiting >= 2 * self.max_waiting:
-            return True
-        by_client = self.engine.scheduler.waiting_by_client()
-        share = self.max_waiting / (len(by_client) + (client not in by_client))
-        return by_client.get(client, 0) >= share
 
     def _abort(self, req: Request, reason: str) -> None:
         if req in self._live:

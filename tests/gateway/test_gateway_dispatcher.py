@@ -132,6 +132,21 @@ def test_a_full_queue_and_a_rate_limit_are_refused_with_a_status():
     run(scenario)
 
 
+def test_past_max_waiting_only_a_client_under_its_share_is_taken():
+    """max_waiting 2, one slot: a's first runs, its next two wait (the bound). b holds 0 < 2 / 2: taken;
+    then 3 wait, below twice the bound, but a holds 2 >= 2 / 2 and b 1 >= 1: both refused."""
+    async def scenario():
+        d = dispatcher("fcfs", max_waiting=2)
+        for _ in range(3):
+            d.submit("a", 4, 4)
+        d.submit("b", 4, 4)
+        for client in "ab":
+            with pytest.raises(Busy):
+                d.submit(client, 4, 4)
+        assert d.num_waiting == 3 and {c: d.stats[c].outcomes["rejected"] for c in "ab"} == {"a": 1, "b": 1}
+    run(scenario)
+
+
 def test_when_every_upstream_is_down_waiting_requests_end_with_503():
     async def scenario():
         d = dispatcher("vtc")
