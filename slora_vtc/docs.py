@@ -31,6 +31,7 @@ SOURCES = {
     "cluster": "benchmarks/results/cluster_scale.json",  # benchmarks/cluster_scale.py
     "http": "benchmarks/results/http_load.json",  # benchmarks/http_load.py
     "gateway": "benchmarks/results/gateway_overhead.json",  # benchmarks/gateway_overhead.py
+    "metrics": "benchmarks/results/metrics_scrape.json",  # benchmarks/metrics_scrape.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
