@@ -25,7 +25,8 @@ from slora_vtc.server.admission import check_adapter, refusal
 from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.service import Accepted, Ended, ServiceStopped, Subscriber, Tokens
+from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
+from slora_vtc.server.service import ServiceStopped
 from slora_vtc.server.stops import StopMatcher
 from slora_vtc.server.tokenizer import IncrementalDecoder
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from slora_vtc.engine import Engine
-from slora_vtc.request import Request, State, TokenLogprob
+from slora_vtc.request import Request, State
 from slora_vtc.sched.shedding import queue_refuses
+from slora_vtc.server.events import Accepted, Ended, Event, Subscriber, Tokens
 from slora_vtc.server.stats import OTHER, ServerStats, Snapshot
 
 log = logging.getLogger(__name__)
@@ -33,47 +34,6 @@ log = logging.getLogger(__name__)
 SHUTTING_DOWN = "the server is shutting down"
 QUEUE_FULL = "too many requests are waiting (--max-waiting)"
 STUCK_WAIT_S = 0.05  # busy but nothing could run (cannot happen with the shared admission check): re-check this often
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """The scheduler queued the request."""
-
-
-@dataclass(frozen=True)
-class Tokens:
-    ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] = ()  # one per id when the request asked for logprobs
-
-
-@dataclass(frozen=True)
-class Ended:
-    state: State
-    reason: str
-    prompt_tokens: int
-    generated: int
-    stopped: bool  # ended at EOS
-
-    @classmethod
-    def of(cls, req: Request) -> "Ended":
-        return cls(req.state, req.reason, req.prompt_len, req.generated, req.stopped)
-
-    @property
-    def finish_reason(self) -> str:
-        if self.state is State.FINISHED:
-            return "stop" if self.stopped else "length"
-        return "abort"
-
-
-Event = Accepted | Tokens | Ended
-
-
-@dataclass(frozen=True)
-class Subscriber:
-    """Where a request's events go: an asyncio queue, fed on its own loop."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
 
 
 class ServiceStopped(RuntimeError):

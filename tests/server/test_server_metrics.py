@@ -15,8 +15,9 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC
+from slora_vtc.server.events import Ended, Subscriber
 from slora_vtc.server.metrics import BuildInfo, render
-from slora_vtc.server.service import Ended, EngineService, Subscriber
+from slora_vtc.server.service import EngineService
 from slora_vtc.server.stats import RELABEL_S, ServerStats, ServiceWindow
 
 BUILD = BuildInfo("0", "vtc", "sim")

@@ -13,8 +13,9 @@ from slora_vtc.errors import UserError
 from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import get_model_spec, resolve_spec
 from slora_vtc.request import Request, State
+from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
 from slora_vtc.server.protocol import ChatRequest, CompletionRequest
-from slora_vtc.server.service import Accepted, Ended, EngineService, ServiceStopped, Subscriber, Tokens
+from slora_vtc.server.service import EngineService, ServiceStopped
 from slora_vtc.server.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDecoder, load_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
