@@ -42,3 +42,12 @@ def test_a_server_that_is_not_openai_compatible_is_named(capsys):
         assert main(["gateway", "--upstream", url, "--upstream", f"{url}/nothing-here"]) == 2
     err = capsys.readouterr().err
     assert f"--upstream {url}/nothing-here: /v1/models answered HTTP 404" in err and err.count("\n") == 1
+
+
+def test_the_gateway_loads_no_model_code():
+    """A gateway in front of remote upstreams needs no torch: importing its command with torch blocked works."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; import slora_vtc.cli.gateway, slora_vtc.gateway.run, slora_vtc.gateway.app"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
