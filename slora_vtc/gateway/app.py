@@ -19,10 +19,10 @@ from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.monitor import monitor
 from slora_vtc.gateway.proxy import forward
 from slora_vtc.server.clients import BadClientName, Unauthorized
+from slora_vtc.server.connection import CLIENT_HEADER, bearer_token, bears_key
 from slora_vtc.server.errors import ApiError, error_body
 from slora_vtc.server.limits import BodyLimit
 
-CLIENT_HEADER = "x-client-id"
 KEEPALIVE_EXPIRY_S = 2.0
 PASSED_THROUGH = (("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/version"))  # vLLM's; not scheduled
 
@@ -86,18 +86,11 @@ def _json_object(raw: bytes) -> dict:
 def _client(ctx: GatewayContext, http: Request, user: str | None) -> str:
     """As `serve` identifies clients (server/clients.py): the API key's, else X-Client-Id, else `user`."""
     try:
-        if ctx.clients.keys_required:
-            return ctx.clients.by_key(_bearer(http.headers.get("authorization"))).name
-        return ctx.clients.identify(None, http.headers.get(CLIENT_HEADER), user).name
+        return ctx.clients.identify(bearer_token(http.headers.get("authorization")), http.headers.get(CLIENT_HEADER), user).name
     except Unauthorized as e:
         raise ApiError(401, str(e), "authentication_error") from None
     except BadClientName as e:
         raise ApiError(400, str(e)) from None
-
-
-def _bearer(header: str | None) -> str | None:
-    scheme, _, token = (header or "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 async def models(http: Request) -> dict:
@@ -154,7 +147,7 @@ async def health(http: Request) -> JSONResponse:
 
 async def metrics(http: Request) -> Response:
     ctx: GatewayContext = http.app.state.ctx
-    if ctx.config.metrics_key and _bearer(http.headers.get("authorization")) != ctx.config.metrics_key:
+    if ctx.config.metrics_key and not bears_key(http, ctx.config.metrics_key):
         raise ApiError(401, "GET /metrics needs 'Authorization: Bearer KEY' (--metrics-key)", "authentication_error")
     return Response(render(ctx), media_type=CONTENT_TYPE_LATEST)
 

@@ -28,6 +28,7 @@ from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Ticket
 from slora_vtc.gateway.relay import answer_whole, failed, relay
 from slora_vtc.gateway.upstream import Upstream
+from slora_vtc.server.connection import disconnected
 from slora_vtc.server.errors import ApiError
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody reads it
@@ -86,7 +87,7 @@ async def _settle_unsettled(ctx: GatewayContext, ticket: Ticket, reply: httpx2.R
 async def _slot(ctx: GatewayContext, ticket: Ticket, http: HttpRequest) -> Upstream | None:
     """Wait until the dispatcher gives the request a slot; None if the client leaves first."""
     if not ticket.slot.done():
-        watcher = asyncio.ensure_future(_disconnected(http))
+        watcher = asyncio.ensure_future(disconnected(http))
         try:
             await asyncio.wait((ticket.slot, watcher), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -98,11 +99,6 @@ async def _slot(ctx: GatewayContext, ticket: Ticket, http: HttpRequest) -> Upstr
             ctx.dispatcher.abort(ticket)
             return None
     return ticket.slot.result()  # raises what ended it while waiting (no upstream left)
-
-
-async def _disconnected(http: HttpRequest) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> Response:
@@ -151,7 +147,7 @@ async def _unless_client_leaves(work: Coroutine, http: HttpRequest) -> Response 
     """What `work` returns (or raises), or None if the client disconnects first: `work` is then
     cancelled, and its own clean-up (closing the upstream's reply) has run when this returns."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(http))
+    watcher = asyncio.ensure_future(disconnected(http))
     try:
         await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:

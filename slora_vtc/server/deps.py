@@ -5,10 +5,9 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from slora_vtc.server.clients import BadClientName, ClientConfig, Unauthorized
+from slora_vtc.server.connection import CLIENT_HEADER, bearer_token
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
-
-CLIENT_HEADER = "x-client-id"
 
 
 def context(request: Request) -> ServerContext:
@@ -37,14 +36,8 @@ def caller(request: Request) -> Caller:
     keyed = None
     if ctx.clients.keys_required:
         try:
-            keyed = ctx.clients.by_key(_bearer(request.headers.get("authorization")))
+            keyed = ctx.clients.by_key(bearer_token(request.headers.get("authorization")))
         except Unauthorized as e:
             raise ApiError(401, str(e), "authentication_error") from None
     return Caller(ctx, keyed, request.headers.get(CLIENT_HEADER))
 
-
-def _bearer(header: str | None) -> str | None:
-    scheme, _, token = (header or "").partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None

@@ -23,6 +23,7 @@ from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.request import Request, TokenLogprob
 from slora_vtc.server.admission import check_adapter, refusal
 from slora_vtc.server.clients import ClientConfig
+from slora_vtc.server.connection import disconnected
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.errors import ApiError
 from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
@@ -244,7 +245,7 @@ async def collect_all(gens: list[Generation], http: HttpRequest) -> None:
     """Run the generations to their end. If the client goes away first: abort them all,
     ApiError(499); if the server aborted one (shutdown, model failure): ApiError(503)."""
     readers = asyncio.ensure_future(asyncio.gather(*(g.run() for g in gens)))
-    watcher = asyncio.ensure_future(_disconnected(http))
+    watcher = asyncio.ensure_future(disconnected(http))
     try:
         done, _ = await asyncio.wait({readers, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if readers not in done:
@@ -262,11 +263,6 @@ async def collect_all(gens: list[Generation], http: HttpRequest) -> None:
 def close_all(gens: list[Generation]) -> None:
     for gen in gens:
         gen.close()
-
-
-async def _disconnected(http: HttpRequest) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
 
 
 # -- server-sent events ----------------------------------------------------------------------

@@ -7,7 +7,6 @@ blocks neither the engine nor the event loop. With `metrics_key` set, /metrics n
 """
 
 import asyncio
-import hmac
 from collections import Counter
 
 from fastapi import Depends, Request
@@ -16,8 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Match
 
 from slora_vtc import __version__
+from slora_vtc.server.connection import bears_key
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.deps import _bearer, context
+from slora_vtc.server.deps import context
 from slora_vtc.server.errors import ApiError
 from slora_vtc.server.metrics import BuildInfo, render
 
@@ -56,7 +56,7 @@ class StatusCounter:
 
 async def metrics(request: Request, ctx: ServerContext = Depends(context)) -> Response:
     key = ctx.config.metrics_key
-    if key is not None and not hmac.compare_digest((_bearer(request.headers.get("authorization")) or "").encode(), key.encode()):
+    if key is not None and not bears_key(request, key):
         raise ApiError(401, "GET /metrics needs 'Authorization: Bearer KEY' with the server's --metrics-key", "authentication_error", "invalid_api_key")
     snap = await asyncio.wrap_future(ctx.service.snapshot())
     http = dict(request.app.state.http_counts)
