@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slora_vtc.gateway.assemble import assembles
 from slora_vtc.gateway.charges import estimate_tokens
-from slora_vtc.server.errors import ApiError
+from slora_vtc.server.errors import ApiError, validation_message
 from slora_vtc.server.protocol import GenerateParameters
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -57,12 +57,7 @@ def _checked(model: type[BaseModel], body: dict) -> BaseModel:
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise ApiError(400, "; ".join(_problem(err) for err in e.errors())) from None
-
-
-def _problem(error: dict) -> str:
-    where = ".".join(str(part) for part in error.get("loc", ()))
-    return f"{where}: {error.get('msg', 'invalid')}" if where else error.get("msg", "invalid")
+        raise ApiError(400, validation_message(e.errors())) from None
 
 
 def _prompt_tokens(prompt) -> tuple[int, int]:

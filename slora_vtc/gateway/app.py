@@ -20,7 +20,7 @@ from slora_vtc.gateway.monitor import monitor
 from slora_vtc.gateway.proxy import forward
 from slora_vtc.server.clients import BadClientName, Unauthorized
 from slora_vtc.server.connection import CLIENT_HEADER, bearer_token, bears_key
-from slora_vtc.server.errors import ApiError, error_body
+from slora_vtc.server.errors import ApiError, api_error_handler, http_error_handler
 from slora_vtc.server.limits import BodyLimit
 
 KEEPALIVE_EXPIRY_S = 2.0
@@ -50,8 +50,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
     app = FastAPI(title="slora_vtc gateway", lifespan=lifespan)
     app.state.ctx = ctx
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     for kind in (COMPLETIONS, CHAT, GENERATE, GENERATE_STREAM):
         app.add_route(kind.path, _relay_route(kind), methods=["POST"], name=kind.name)  # plain Starlette: no dependency solving per request
@@ -152,11 +152,3 @@ async def metrics(http: Request) -> Response:
     return Response(render(ctx), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Busy) else None
-    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=headers)
-
-
-async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)

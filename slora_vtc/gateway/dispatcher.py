@@ -27,7 +27,8 @@ RETRY_AFTER_S = 1
 class Busy(ApiError):
     """Refused for now (429 / 503): the answer carries Retry-After."""
 
-    retry_after_s = RETRY_AFTER_S
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(status, message, kind, code, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 @dataclass(eq=False)

@@ -18,7 +18,7 @@ from slora_vtc.server import openai_api, slora_api, utility_api
 from slora_vtc.server.admission import InflightLimit
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError, error_body
+from slora_vtc.server.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
 from slora_vtc.server.http_metrics import StatusCounter, metrics
 from slora_vtc.server.limits import BodyLimit
 
@@ -34,9 +34,9 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     app = FastAPI(title="slora_vtc", lifespan=lifespan)
     app.state.ctx = ctx
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)  # 404, 405: OpenAI's shape too
+    app.add_exception_handler(HTTPException, http_error_handler)  # 404, 405: OpenAI's shape too
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     app.add_middleware(InflightLimit, ctx=ctx)  # outside the body limit: a refusal reads no body
     app.include_router(openai_api.router)
@@ -60,23 +60,6 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
-
-
-async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
-
-
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 from FastAPI becomes a 400 with one readable line per problem (as OpenAI answers)."""
-    return JSONResponse(error_body("; ".join(_problem(e) for e in exc.errors()), "invalid_request_error"), status_code=400)
-
-
-def _problem(error: dict) -> str:
-    if error.get("type") == "json_invalid":
-        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
-    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-    message = error.get("msg", "invalid").removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+    return JSONResponse(error_body(validation_message(exc.errors()), "invalid_request_error"), status_code=400)

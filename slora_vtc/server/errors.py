@@ -1,7 +1,12 @@
-"""Errors answered to HTTP clients, in OpenAI's shape: {"error": {"message", "type", ...}}."""
+"""Errors answered to HTTP clients, in OpenAI's shape: {"error": {"message", "type", ...}}, and the
+exception handlers that answer them (the server's and the gateway's)."""
 
 from collections.abc import Mapping
 from types import MappingProxyType
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 
 class ApiError(Exception):
@@ -16,3 +21,26 @@ class ApiError(Exception):
 
 def error_body(message: str, kind: str, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def validation_message(errors: list[dict]) -> str:
+    """pydantic's errors as one readable line, one part per problem (as OpenAI answers)."""
+    return "; ".join(_problem(e) for e in errors)
+
+
+def _problem(error: dict) -> str:
+    if error.get("type") == "json_invalid":
+        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    message = error.get("msg", "invalid").removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+async def api_error_handler(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
+
+
+async def http_error_handler(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404, 405: its Allow header kept) in OpenAI's shape too."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
