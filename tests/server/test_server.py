@@ -192,7 +192,7 @@ def test_disconnect_mid_stream_aborts_and_frees_the_pool(server):
 
 
 def test_disconnect_while_queued_and_while_running(server):
-    """A long request holds the pool; a second one waits; both clients leave; nothing is left."""
+    """A long request holds the pool; a second one waits; both clients leave (the waiter first); nothing is left."""
     async def scenario():
         async with httpx2.AsyncClient(timeout=30) as http:
             long = {"inputs": [1, 2, 3], "parameters": {"max_new_tokens": 1990, "ignore_eos": True}}
@@ -204,6 +204,8 @@ def test_disconnect_while_queued_and_while_running(server):
                     assert r2.status_code == 200
                     wait = server.per_client("client_waiting")
                     assert wait.get("waiter") == 1
+                # the waiter leaves first; had the hog's departure been noticed first, the waiter would be admitted into the freed pool
+                await asyncio.to_thread(wait_for, lambda: aborted(server, "waiter") == 1)
     asyncio.run(scenario())
     wait_for(lambda: aborted(server, "waiter") == 1 and aborted(server, "hog") == 1)
     m = server.wait_idle()
