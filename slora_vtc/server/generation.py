@@ -46,11 +46,17 @@ def prompt_ids(ctx: ServerContext, prompt: str | list[int]) -> list[int]:
     ids = ctx.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise ApiError(400, "the prompt is empty: it needs at least one token")
+    check_vocab(ctx, ids)
+    return ids
+
+
+def check_vocab(ctx: ServerContext, ids, field: str = "") -> None:
+    """ApiError(400) naming the first id outside the model's vocabulary (and `field`, if given)."""
     vocab = ctx.spec.vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise ApiError(400, f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
-    return ids
+        where = f"{field}: " if field else ""
+        raise ApiError(400, f"{where}token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
 
 
 def room(ctx: ServerContext, prompt_len: int, adapter: str | None) -> int:

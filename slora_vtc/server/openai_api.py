@@ -17,7 +17,7 @@ from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import Caller, caller, context
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.generation import Generation, collect_all, new_request, prompt_ids, room, sampling, sse_response, start_all
+from slora_vtc.server.generation import Generation, check_vocab, collect_all, new_request, prompt_ids, room, sampling, sse_response, start_all
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
 from slora_vtc.server.protocol import ChatRequest, CompletionRequest, OpenAIParams
 
@@ -104,8 +104,5 @@ def _sampling(body: OpenAIParams, sequence: int) -> SamplingParams:
 
 
 def _stop_ids(ctx: ServerContext, body: OpenAIParams) -> tuple[int, ...]:
-    vocab = ctx.spec.vocab_size
-    bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ApiError(400, f"stop_token_ids: token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+    check_vocab(ctx, body.stop_token_ids or (), "stop_token_ids")
     return tuple(body.stop_token_ids or ())
