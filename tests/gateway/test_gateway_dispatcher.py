@@ -203,11 +203,15 @@ def test_schedulers_needing_prefixes_are_refused_in_one_line():
     assert upstream_base("http://h:8000/v1/") == "http://h:8000"
 
 
+def clocked_vtc() -> tuple[Dispatcher, list[float]]:
+    """A VTC dispatcher with one slot and a clock the test sets (clock[0])."""
+    clock = [0.0]
+    return Dispatcher(build_scheduler("vtc", []), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 100, clock=lambda: clock[0]), clock
+
+
 def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
     async def scenario():
-        clock = [0.0]
-        pool = UpstreamPool([Upstream("http://u", 1)])
-        d = Dispatcher(build_scheduler("vtc", []), pool, LinearCost(), 100, clock=lambda: clock[0])
+        d, clock = clocked_vtc()
         t = d.submit("a", 4, 4)
         d.on_tokens(t, 2)
         d.finish(t)
@@ -219,7 +223,7 @@ def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
         d.expire(10.0)
         assert set(d.stats) == {"b"} and "a" not in d.scheduler.counters()  # b is in flight: kept
         assert d.forgotten.service == 4 + 2 * 2 and d.forgotten.outcomes == {"finished": 1}
-        ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), pool, d)
+        ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), d.pool, d)
         rendered = render(ctx).decode()
         assert 'slora_gateway_client_service{client="other"} 8.0' in rendered
         assert 'slora_gateway_requests_total{client="other",outcome="finished"} 1.0' in rendered
@@ -235,9 +239,7 @@ def test_a_client_whose_charge_was_corrected_is_still_forgotten():
     while it only raises counters: once a has left the queue at counter 6 + 2 * 1 = 8 and b waits at
     that floor, a's counter goes with it (the lift gives it back)."""
     async def scenario():
-        clock = [0.0]
-        pool = UpstreamPool([Upstream("http://u", 1)])
-        d = Dispatcher(build_scheduler("vtc", []), pool, LinearCost(), 100, clock=lambda: clock[0])
+        d, clock = clocked_vtc()
         t = d.submit("a", 4, 4)
         d.on_tokens(t, 2)
         d.reconcile(t, 6, 2)
