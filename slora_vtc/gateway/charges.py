@@ -10,7 +10,7 @@ Only VTC-family schedulers keep counters; for the others every correction is a n
 """
 
 from slora_vtc.cost import CostFunction
-from slora_vtc.sched import VTC, RateLimited, Scheduler
+from slora_vtc.sched import Scheduler
 
 BYTES_PER_TOKEN = 4  # a typical BPE tokenizer's average on English text; corrected from `usage`
 
@@ -19,31 +19,29 @@ def estimate_tokens(text: str) -> int:
     return max(1, -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN))
 
 
-def counters_of(scheduler: Scheduler) -> VTC | None:
-    """The VTC under any rate limits, or None for a scheduler without counters."""
-    while isinstance(scheduler, RateLimited):
-        scheduler = scheduler.inner
-    return scheduler if isinstance(scheduler, VTC) else None
-
-
 def engine_charge(cost: CostFunction, prompt: float, tokens: int) -> float:
     """What VTC charges a request without prediction: h(x, 0), then h(x, n) - h(x, n - 1) for tokens 2..y."""
     return cost(prompt, 0) + (cost(prompt, tokens) - cost(prompt, 1) if tokens >= 1 else 0.0)
 
 
 class Counters:
-    """Reads and corrects the counters of a scheduler (nothing to do for one without)."""
+    """Reads and corrects a scheduler's counters through its interface (counter_of, weight_of, adjust):
+    under rate limits too, and nothing to do for a scheduler without counters."""
 
     def __init__(self, scheduler: Scheduler):
-        self.vtc = counters_of(scheduler)
+        self.scheduler = scheduler
+
+    def kept(self, client: str) -> bool:
+        """Whether the scheduler keeps a counter (a VTC-family scheduler)."""
+        return self.scheduler.counter_of(client) is not None
 
     def counter(self, client: str) -> float:
-        return self.vtc.counter(client) if self.vtc is not None else 0.0
+        return self.scheduler.counter_of(client) or 0.0
 
     def adjust(self, client: str, delta: float) -> None:
         """Add `delta` (in counter units: service / weight) to a client's counter."""
-        if self.vtc is not None and delta:
-            self.vtc.adjust(client, delta)
+        if delta:
+            self.scheduler.adjust(client, delta)
 
     def weight(self, client: str) -> float:
-        return self.vtc.weights.get(client, 1.0) if self.vtc is not None else 1.0
+        return self.scheduler.weight_of(client)

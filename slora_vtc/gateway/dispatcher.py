@@ -183,7 +183,7 @@ class Dispatcher:
         """Charge the request as if it produced all of max_tokens (beyond what `select` charged
         already: a predicting VTC's own prediction); `reconcile` takes it back for the true count."""
         req = ticket.request
-        if self.counters.vtc is None:
+        if not self.counters.kept(req.client):
             return
         extra = engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.counters.weight(req.client) - ticket.charged
         if extra > 0:

@@ -88,6 +88,10 @@ class Scheduler(ABC):
         """One client's share weight (for monitoring); 1 for schedulers without weights."""
         return 1.0
 
+    def adjust(self, client: str, delta: float) -> None:
+        """Add `delta` (counter units) to a client's counter: a correction once the service is known,
+        or a refund of service that was not delivered. A no-op for schedulers without counters."""
+
     def forget(self, client: str, now: float) -> bool:
         """Drop what is kept for a client with nothing waiting or running, where dropping it cannot
         change any later decision (each scheduler's docstring says when). True: nothing more can be

@@ -95,6 +95,9 @@ class RateLimited(Scheduler):
     def weight_of(self, client: str) -> float:
         return self.inner.weight_of(client)
 
+    def adjust(self, client: str, delta: float) -> None:
+        self.inner.adjust(client, delta)
+
     def forget(self, client: str, now: float) -> bool:
         if client in self._accepted:
             if self._recent(client, now):
