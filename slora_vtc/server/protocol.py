@@ -51,17 +51,6 @@ def _single_prompt(value: Any) -> Any:
     raise ValueError("must be a string or a list of token ids")
 
 
-def _text_or_ids(value: Any) -> Any:
-    """A clear message for a prompt of the wrong type (instead of one error per union member)."""
-    if isinstance(value, str):
-        return valid_unicode(value)
-    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return value
-    if isinstance(value, list) and all(isinstance(t, str | list) for t in value):
-        return value
-    raise ValueError("must be a string or a list of token ids")
-
-
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
@@ -143,10 +132,10 @@ class CompletionRequest(OpenAIParams):
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, value):
-        value = _text_or_ids(value)
-        if isinstance(value, list) and value and isinstance(value[0], str | list):
+        """One prompt (text or token ids), or several (a list of them)."""
+        if isinstance(value, list) and value and not is_token_ids(value):
             return [_single_prompt(p) for p in value]
-        return value
+        return _single_prompt(value)
 
     @model_validator(mode="after")
     def _consistent(self):
