@@ -16,12 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slora_vtc.gateway.assemble import assembles
 from slora_vtc.gateway.charges import estimate_tokens
-from slora_vtc.server.errors import ApiError, validation_message
-from slora_vtc.server.protocol import GenerateParameters
-
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-CHAT_DEFAULT_MAX_TOKENS = 256  # chat has none: what the scheduler assumes (a predicting VTC charges it up front)
-SSE_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
+from slora_vtc.server.errors import ApiError, error_body, validation_message
+from slora_vtc.server.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, GenerateParameters
+from slora_vtc.server.sse import sse
 
 
 class _OpenAIFields(BaseModel):
@@ -116,8 +113,7 @@ def _openai_usage(event: dict) -> tuple[int | None, int | None] | None:
 
 
 def _openai_error(error: ApiError) -> list[str]:
-    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}}
-    return [sse(body), "data: [DONE]\n\n"]
+    return [sse(error_body(error.message, error.kind, error.code)), sse("[DONE]")]
 
 
 def _openai_routing(body: dict, chat: bool) -> Routing:
@@ -187,10 +183,6 @@ GENERATE = ApiKind("generate", "/generate", lambda b: _generate_routing(b, strea
 GENERATE_STREAM = ApiKind("generate_stream", "/generate_stream", lambda b: _generate_routing(b, stream=True),
                           lambda e: 1 if e.get("token") else 0, _generate_usage, lambda e: e.get("finished") is True,
                           _generate_aborted, _generate_error, openai=False)
-
-
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False).translate(SSE_LINE_BREAKS)}\n\n"
 
 
 def is_usage_only(event: dict) -> bool:

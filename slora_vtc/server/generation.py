@@ -10,7 +10,6 @@ several prompts) start together and end together.
 """
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -272,15 +271,6 @@ def close_all(gens: list[Generation]) -> None:
 
 
 # -- server-sent events ----------------------------------------------------------------------
-# Line breaks JSON leaves raw but line-based SSE readers split on (Python's str.splitlines among them)
-SSE_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
-
-
-def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False).translate(SSE_LINE_BREAKS)
-    return f"data: {data}\n\n"
-
-
 def sse_response(gens: list[Generation], events: AsyncIterator[str]) -> StreamingResponse:
     """Stream `events`; the requests are aborted however the stream ends early (the background task
     covers a stream cancelled before its first chunk, when the generator's finally never runs)."""

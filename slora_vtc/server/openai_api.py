@@ -19,12 +19,10 @@ from slora_vtc.server.deps import Caller, caller, context
 from slora_vtc.server.errors import ApiError
 from slora_vtc.server.generation import Generation, check_vocab, collect_all, new_request, prompt_ids, room, sampling, sse_response, start_all
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
-from slora_vtc.server.protocol import ChatRequest, CompletionRequest, OpenAIParams
+from slora_vtc.server.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, ChatRequest, CompletionRequest, OpenAIParams
 
 router = APIRouter()
 
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
-CHAT_DEFAULT_MAX_TOKENS = 256  # chat has no default upstream (up to the context); cap what one request reserves
 
 
 @router.get("/v1/models")

@@ -22,6 +22,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 CHAT_UNSUPPORTED = {**UNSUPPORTED, "best_of": (1,), "echo": (False,)}  # completions only
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
+CHAT_DEFAULT_MAX_TOKENS = 256  # chat has no default (up to the context): the server caps what one request reserves at this, the gateway assumes it
 MAX_SEQUENCES = 64  # prompts x best_of (or n) in one request
 
 STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool

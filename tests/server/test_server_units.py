@@ -189,7 +189,7 @@ def test_sse_data_never_holds_a_raw_unicode_line_break():
     escaped, the JSON still decodes to the same text."""
     import json
 
-    from slora_vtc.server.generation import sse
+    from slora_vtc.server.sse import sse
 
     text = "a\u2028b\u2029c\u0085d\ne"
     event = sse({"choices": [{"text": text}]})
