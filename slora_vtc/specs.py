@@ -29,3 +29,14 @@ def register_spec(kind: str, name: str, entry, registry: dict):
         raise UserError(f"{kind} name '{name}' must be non-empty, without ':' or ','")
     registry[name] = entry
     return entry
+
+
+def positive_arg(kind: str, spec: str, text: str, what: str, type_: type = float):
+    """A spec's argument as a positive, finite number of `type_`; UserError naming the spec otherwise."""
+    try:
+        value = type_(text)
+    except ValueError:
+        raise UserError(f"{kind} '{spec}': {what} '{text}' is not a{'n integer' if type_ is int else ' number'}") from None
+    if not 0 < value < float("inf"):
+        raise UserError(f"{kind} '{spec}': {what} must be positive and finite, got {text}")
+    return value

@@ -10,7 +10,7 @@ from slora_vtc.cluster.prefix_affinity import PrefixAffinity
 from slora_vtc.cluster.round_robin import RoundRobin
 from slora_vtc.cluster.router import Router, RouterOptions
 from slora_vtc.errors import UserError
-from slora_vtc.specs import register_spec, resolve_spec
+from slora_vtc.specs import positive_arg, register_spec, resolve_spec
 
 Factory = Callable[[str | None, RouterOptions], Router]
 
@@ -28,18 +28,8 @@ class RouterEntry:
         return f"{name}:[{self.arg}]" if self.optional else f"{name}:{self.arg}"
 
 
-def _positive(spec: str, text: str, what: str, kind=float):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise UserError(f"router '{spec}': {what} '{text}' is not a{'n integer' if kind is int else ' number'}") from None
-    if not 0 < value < float("inf"):
-        raise UserError(f"router '{spec}': {what} must be positive and finite, got {text}")
-    return value
-
-
 def _prefix_affinity(arg: str | None, o: RouterOptions) -> PrefixAffinity:
-    return PrefixAffinity() if arg is None else PrefixAffinity(_positive(f"prefix-affinity:{arg}", arg, "the prefix length", int))
+    return PrefixAffinity() if arg is None else PrefixAffinity(positive_arg("router", f"prefix-affinity:{arg}", arg, "the prefix length", int))
 
 
 ROUTERS: dict[str, RouterEntry] = {
@@ -47,7 +37,7 @@ ROUTERS: dict[str, RouterEntry] = {
     "least-load": RouterEntry(lambda a, o: LeastLoad(), "the replica with the fewest waiting + running tokens"),
     "prefix-affinity": RouterEntry(_prefix_affinity, "consistent hashing of the first K prompt token ids (default 64; the client without ids)",
                                    "K", optional=True),
-    "d2lpm": RouterEntry(lambda a, o: D2LPM(_positive(f"d2lpm:{a}", a, "the quantum")),
+    "d2lpm": RouterEntry(lambda a, o: D2LPM(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
                          "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding (replicas run dlpm:Q_u)",
                          "QW"),
     "global-vtc": RouterEntry(lambda a, o: GlobalVTC(o), "replicas pull from one cluster-wide --scheduler (a VTC: least service first); "

@@ -12,7 +12,7 @@ from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.lpm import LPM
 from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
-from slora_vtc.specs import register_spec, resolve_spec
+from slora_vtc.specs import positive_arg, register_spec, resolve_spec
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,6 @@ def _lpm(spec: str, text: str | None) -> LPM:
     return LPM(fcfs_above=None if text is None else _positive_int(spec, text, "the FCFS fallback threshold"))
 
 
-def _quantum(spec: str, text: str) -> float:
-    try:
-        q = float(text)
-    except ValueError:
-        raise UserError(f"scheduler '{spec}': the quantum '{text}' is not a number") from None
-    if not 0 < q < float("inf"):
-        raise UserError(f"scheduler '{spec}': the quantum must be positive and finite, got {text}")
-    return q
-
-
 def _positive_int(spec: str, text: str, what: str = "the limit") -> int:
     try:
         value = int(text)
@@ -110,7 +100,7 @@ SCHEDULERS: dict[str, Entry] = {
     "vtc-pred": Entry(lambda a, c, o: _vtc(o, predictor=UniformErrorPredictor(_ratio(f"vtc-pred:{a}", a), o.seed)), "VTC with a prediction uniform in actual*(1 +- R)", "R"),
     "vtc-avg": Entry(lambda a, c, o: _vtc(o, predictor=MovingAveragePredictor()), "VTC predicting a per-client moving average"),
     "lpm": Entry(lambda a, c, o: _lpm(f"lpm:{a}", a), "longest cached prefix first (SGLang); FCFS above N waiting, if given", "N", optional=True),
-    "dlpm": Entry(lambda a, c, o: DLPM(_quantum(f"dlpm:{a}", a), charge_recompute=o.charge_recompute),
+    "dlpm": Entry(lambda a, c, o: DLPM(positive_arg("scheduler", f"dlpm:{a}", a, "the quantum"), charge_recompute=o.charge_recompute),
                   "deficit LPM: LPM order, admission gated by per-client deficits refilled by quantum Q", "Q"),
 }
 
