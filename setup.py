@@ -8,7 +8,9 @@ setup(
     packages=[*find_packages(include=["slora_vtc", "slora_vtc.*"]), "slora_vtc_kernels"],
     package_dir={"slora_vtc_kernels": "kernels"},
     install_requires=["numpy", "pandas", "matplotlib", "tqdm"],
-    extras_require={"real": ["torch", "triton", "transformers", "safetensors", "peft"],
-                    "serve": ["fastapi", "uvicorn", "prometheus_client", "httpx2", "tomli; python_version < '3.11'"]},
+    extras_require={
+        "real": ["torch", "triton", "transformers", "safetensors", "peft"],
+        "serve": ["fastapi", "uvicorn", "prometheus_client", "httpx2", "tomli; python_version < '3.11'"],
+    },
     entry_points={"console_scripts": ["slora-vtc=slora_vtc.cli:main"]},
 )

@@ -48,9 +48,16 @@ LAST = RESULTS / "cpu_decode-last.json"  # ignored by git
 
 def hf_tiny(folder: Path) -> LlamaForCausalLM:
     s = get_model_spec("tiny")
-    config = LlamaConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                         num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
-                         max_position_embeddings=s.max_position, rms_norm_eps=s.rms_norm_eps)
+    config = LlamaConfig(
+        vocab_size=s.vocab_size,
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_kv_heads,
+        max_position_embeddings=s.max_position,
+        rms_norm_eps=s.rms_norm_eps,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
@@ -89,10 +96,22 @@ def count_prefills(backend) -> list[int]:
 
 def transformers_generate(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: int) -> float:
     with torch.inference_mode():
-        model.generate(prompts[:, :8], attention_mask=torch.ones_like(prompts[:, :8]), max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
+        model.generate(
+            prompts[:, :8],
+            attention_mask=torch.ones_like(prompts[:, :8]),
+            max_new_tokens=2,
+            do_sample=False,
+            pad_token_id=0,
+        )  # warm-up
         start = time.perf_counter()
-        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         elapsed = time.perf_counter() - start
     assert out.shape[1] == prompts.shape[1] + new_tokens
     return elapsed
@@ -108,7 +127,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=512, help="prompt + new tokens (half each)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for both sides")
-    parser.add_argument("--record", action="store_true", help=f"write {RECORDED.name}, which the docs quote (make bench does)")
+    parser.add_argument(
+        "--record", action="store_true", help=f"write {RECORDED.name}, which the docs quote (make bench does)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch, prompt_len = args.batch, args.context // 2
@@ -117,11 +138,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model = hf_tiny(folder)
-        prompts = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+        prompts = torch.randint(
+            3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1)
+        )
         samples = {"ours": [], "transformers": []}
         for _ in range(repeats):
             samples["ours"].append(decode_tokens_per_s(lambda n: ours(folder, prompts, n), batch, new_tokens))
-            samples["transformers"].append(decode_tokens_per_s(lambda n: transformers_generate(model, prompts, n), batch, new_tokens))
+            samples["transformers"].append(
+                decode_tokens_per_s(lambda n: transformers_generate(model, prompts, n), batch, new_tokens)
+            )
     medians = {k: statistics.median(v) for k, v in samples.items()}
     ratio = medians["ours"] / medians["transformers"]
     print(f"decode tokens/s, batch {batch}, context {prompt_len} + {new_tokens}, {torch.get_num_threads()} threads:")
@@ -131,11 +156,24 @@ def main() -> None:
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
         record = {
-            "benchmark": "cpu_decode", "model": "tiny (transformers LlamaForCausalLM, random, seed 0)",
-            "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
-            "decode_tokens_per_s": medians, "samples": samples, "ratio": ratio, "target_ratio": 1.0,
-            "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
-                        "python": platform.python_version(), "torch": torch.__version__, "transformers": __import__("transformers").__version__},
+            "benchmark": "cpu_decode",
+            "model": "tiny (transformers LlamaForCausalLM, random, seed 0)",
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "new_tokens": new_tokens,
+            "repeats": repeats,
+            "decode_tokens_per_s": medians,
+            "samples": samples,
+            "ratio": ratio,
+            "target_ratio": 1.0,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "threads": torch.get_num_threads(),
+                "processor": platform.processor() or platform.machine(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": __import__("transformers").__version__,
+            },
             "measured_at": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         out = RECORDED if args.record else LAST

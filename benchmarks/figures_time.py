@@ -37,15 +37,25 @@ def measure_figures() -> dict:
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                figures_command(out), cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"},
-                stdout=subprocess.PIPE, text=True, timeout=TIMEOUT_S,
+                figures_command(out),
+                cwd=REPO,
+                env={**os.environ, "MPLBACKEND": "Agg"},
+                stdout=subprocess.PIPE,
+                text=True,
+                timeout=TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
             return {"status": "timeout", "wall_s": time.perf_counter() - start, "target_s": TARGET_S}
         wall_s = time.perf_counter() - start
         files = sorted(p.name for p in Path(out).rglob("*") if p.is_file())
-    row = {"status": "ok" if proc.returncode == 0 else "failed", "wall_s": wall_s, "returncode": proc.returncode,
-           "files": len(files), "target_s": TARGET_S, "cpus": os.cpu_count()}
+    row = {
+        "status": "ok" if proc.returncode == 0 else "failed",
+        "wall_s": wall_s,
+        "returncode": proc.returncode,
+        "files": len(files),
+        "target_s": TARGET_S,
+        "cpus": os.cpu_count(),
+    }
     if proc.returncode != 0:
         row["stdout_tail"] = proc.stdout[-2000:]
     return row

@@ -58,7 +58,11 @@ def stub_app():
         usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
         envelope = {"id": "c", "object": "text_completion", "created": 0, "model": "stub"}
         if not body.get("stream"):
-            return {**envelope, "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}], "usage": usage}
+            return {
+                **envelope,
+                "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}],
+                "usage": usage,
+            }
 
         async def chunks():
             for i in range(n):
@@ -83,7 +87,9 @@ def bare_app(upstream: str):
 
     async def forward(request):
         client = state.get("http") or state.setdefault("http", httpx2.AsyncClient(timeout=30))
-        reply = await client.post(f"{upstream}/v1/completions", content=await request.body(), headers={"content-type": "application/json"})
+        reply = await client.post(
+            f"{upstream}/v1/completions", content=await request.body(), headers={"content-type": "application/json"}
+        )
         return Response(reply.content, status_code=reply.status_code, media_type="application/json")
 
     async def health(request):
@@ -132,7 +138,10 @@ def timed_stream(http: httpx2.Client, url: str, body: dict, chunks: int) -> tupl
 
 def percentiles_ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50_ms": round(statistics.median(ordered) * 1e3, 4), "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 4)}
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1e3, 4),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 4),
+    }
 
 
 def measure(direct: str, gateway: str, bare: str, pairs: int, chunks: int) -> dict:
@@ -161,8 +170,12 @@ def measure(direct: str, gateway: str, bare: str, pairs: int, chunks: int) -> di
     return {
         "request": {"direct": percentiles_ms(req_direct), "added": percentiles_ms(req_added)},
         "bare_proxy": {"added": percentiles_ms(bare_added)},
-        "stream": {"chunks": chunks, "direct_total": percentiles_ms(stream_direct), "added_first_chunk": percentiles_ms(first_added),
-                   "added_per_later_chunk": percentiles_ms(chunk_added)},
+        "stream": {
+            "chunks": chunks,
+            "direct_total": percentiles_ms(stream_direct),
+            "added_first_chunk": percentiles_ms(first_added),
+            "added_per_later_chunk": percentiles_ms(chunk_added),
+        },
     }
 
 
@@ -175,19 +188,41 @@ def main() -> int:
     args = parser.parse_args()
     if args.stub or args.bare:
         import uvicorn
+
         app, port = (stub_app(), args.stub) if args.stub else (bare_app(args.bare[1]), int(args.bare[0]))
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
         return 0
     stub_port, gateway_port, bare_port = free_port(), free_port(), free_port()
     direct, gateway, bare = (f"http://127.0.0.1:{port}" for port in (stub_port, gateway_port, bare_port))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(stub_port)], env=env),
-             subprocess.Popen([sys.executable, __file__, "--bare", str(bare_port), direct], env=env)]
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--stub", str(stub_port)], env=env),
+        subprocess.Popen([sys.executable, __file__, "--bare", str(bare_port), direct], env=env),
+    ]
     try:
         wait_ready(direct)
         wait_ready(bare)
-        procs.append(subprocess.Popen([sys.executable, "-m", "slora_vtc", "gateway", "--upstream", direct, "--port", str(gateway_port),
-                                       "--scheduler", "vtc", "--max-inflight", "64", "--log-level", "warning"], env=env))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "slora_vtc",
+                    "gateway",
+                    "--upstream",
+                    direct,
+                    "--port",
+                    str(gateway_port),
+                    "--scheduler",
+                    "vtc",
+                    "--max-inflight",
+                    "64",
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+            )
+        )
         wait_ready(gateway)
         result = measure(direct, gateway, bare, args.pairs, args.chunks)
     finally:
@@ -195,9 +230,15 @@ def main() -> int:
             proc.terminate()
             proc.wait(timeout=30)
     added = result["request"]["added"]["p50_ms"]
-    report = {"benchmark": "gateway_overhead", "pairs": args.pairs, "target_p50_ms": TARGET_MS, "meets_target": added < TARGET_MS,
-              **result, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-              "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    report = {
+        "benchmark": "gateway_overhead",
+        "pairs": args.pairs,
+        "target_p50_ms": TARGET_MS,
+        "meets_target": added < TARGET_MS,
+        **result,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("request", "stream", "meets_target")}, indent=2))

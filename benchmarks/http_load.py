@@ -67,8 +67,13 @@ class Run:
 
 # -- one request ------------------------------------------------------------------------------
 async def one(http: httpx2.AsyncClient, url: str, load: Load, client: str, k: int, run: Run) -> None:
-    body = {"prompt": [1] + [3 + k % 50] * (load.prompt_tokens - 1), "max_tokens": load.max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "prompt": [1] + [3 + k % 50] * (load.prompt_tokens - 1),
+        "max_tokens": load.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     start = time.perf_counter()
     try:
         async with http.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": client}) as r:
@@ -152,8 +157,21 @@ def free_port() -> int:
 
 def start_server(port: int, load: Load, extra: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "slora_vtc", "serve", "--model", "tiny", "--port", str(port),
-           "--pool-tokens", str(load.pool_tokens), "--drain-timeout", "1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slora_vtc",
+        "serve",
+        "--model",
+        "tiny",
+        "--port",
+        str(port),
+        "--pool-tokens",
+        str(load.pool_tokens),
+        "--drain-timeout",
+        "1",
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -179,12 +197,19 @@ def one_run(load: Load, extra: list[str]) -> dict:
         wait_healthy(url, proc)
         before, client_cpu, server_cpu = kernel_counters(), time.process_time(), cpu_seconds(proc.pid)
         run = asyncio.run(flood(url, load, proc))
-        after, client_cpu, server_cpu = kernel_counters(), time.process_time() - client_cpu, cpu_seconds(proc.pid) - server_cpu
+        after, client_cpu, server_cpu = (
+            kernel_counters(),
+            time.process_time() - client_cpu,
+            cpu_seconds(proc.pid) - server_cpu,
+        )
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
         proc.wait(timeout=60)
-    cpu = {"client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2)}  # which side the run was bound by
+    cpu = {
+        "client_cpu_s": round(client_cpu, 2),
+        "server_cpu_s": round(server_cpu, 2),
+    }  # which side the run was bound by
     return {**summary(run, load), **cpu, "kernel": {k: after[k] - before[k] for k in after}}
 
 
@@ -202,7 +227,9 @@ def kernel_counters() -> dict[str, int]:
     were sent because the SYN queue was full too, and a cookie's connection could not be made (SyncookiesFailed: the
     client's request is answered with a reset)."""
     try:
-        header, values = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines() if line.startswith("TcpExt:")][:2]
+        header, values = [
+            line.split() for line in Path("/proc/net/netstat").read_text().splitlines() if line.startswith("TcpExt:")
+        ][:2]
     except (OSError, ValueError):
         return {}
     table = dict(zip(header[1:], map(int, values[1:])))
@@ -217,27 +244,56 @@ def summary(run: Run, load: Load) -> dict:
 
     accounted = run.finished + run.refused + run.aborted + run.lost
     assert accounted == load.streams, f"{accounted} outcomes for {load.streams} requests"
-    return {"finished": run.finished, "refused": run.refused, "aborted": run.aborted, "lost": run.lost,
-            "refused_by_status": dict(run.refused_by_status), "lost_why": dict(run.lost_why),
-            "p50_ttft_s": pct(0.50), "p99_ttft_s": pct(0.99),
-            "mean_ttft_s": round(statistics.fmean(ttft), 4) if ttft else None,
-            "tokens_per_s": round(run.tokens / run.wall_s, 1), "wall_s": round(run.wall_s, 2)}
+    return {
+        "finished": run.finished,
+        "refused": run.refused,
+        "aborted": run.aborted,
+        "lost": run.lost,
+        "refused_by_status": dict(run.refused_by_status),
+        "lost_why": dict(run.lost_why),
+        "p50_ttft_s": pct(0.50),
+        "p99_ttft_s": pct(0.99),
+        "mean_ttft_s": round(statistics.fmean(ttft), 4) if ttft else None,
+        "tokens_per_s": round(run.tokens / run.wall_s, 1),
+        "wall_s": round(run.wall_s, 2),
+    }
 
 
 # -- the benchmark ----------------------------------------------------------------------------
 def machine() -> dict:
-    rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "cpus_usable": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "httpx2": httpx2.__version__, "git": rev or "unknown"}
+    rev = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "httpx2": httpx2.__version__,
+        "git": rev or "unknown",
+    }
 
 
 # name -> (what, runs, load changes, serve flags)
 SCENARIOS = {
     "steady": ("the target's runs", 5, {}, []),
-    "stalled": ("the server stopped for 3 s as the streams open (as when its event loop is blocked or the machine busy)",
-                5, {"stall_s": 3.0}, []),
-    "bounded": ("small bounds, so that most requests are refused", 1, {}, ["--max-inflight", "500", "--max-waiting", "200"]),
-    "small backlog": ("stalled, with a backlog too small for the burst: where resets come from", 1, {"stall_s": 3.0}, ["--backlog", "128"]),
+    "stalled": (
+        "the server stopped for 3 s as the streams open (as when its event loop is blocked or the machine busy)",
+        5,
+        {"stall_s": 3.0},
+        [],
+    ),
+    "bounded": (
+        "small bounds, so that most requests are refused",
+        1,
+        {},
+        ["--max-inflight", "500", "--max-waiting", "200"],
+    ),
+    "small backlog": (
+        "stalled, with a backlog too small for the burst: where resets come from",
+        1,
+        {"stall_s": 3.0},
+        ["--backlog", "128"],
+    ),
 }
 TARGETED = ("steady", "stalled")
 
@@ -247,14 +303,24 @@ def scenario(name: str, what: str, runs: int, load: Load, extra: list[str]) -> d
     for i in range(runs):
         r = one_run(load, extra)
         results.append(r)
-        print(f"{name}, run {i + 1}: finished {r['finished']}, refused {r['refused']}, aborted {r['aborted']}, lost {r['lost']} "
-              f"{r['lost_why'] or ''}| p99 TTFT {r['p99_ttft_s']} s, {r['tokens_per_s']} tokens/s, {r['wall_s']} s | "
-              f"CPU s client {r['client_cpu_s']}, server {r['server_cpu_s']} | kernel {r['kernel']}", flush=True)
+        print(
+            f"{name}, run {i + 1}: finished {r['finished']}, refused {r['refused']}, aborted {r['aborted']}, lost {r['lost']} "
+            f"{r['lost_why'] or ''}| p99 TTFT {r['p99_ttft_s']} s, {r['tokens_per_s']} tokens/s, {r['wall_s']} s | "
+            f"CPU s client {r['client_cpu_s']}, server {r['server_cpu_s']} | kernel {r['kernel']}",
+            flush=True,
+        )
     p99 = [r["p99_ttft_s"] for r in results if r["p99_ttft_s"] is not None]
-    return {"what": what, "serve_args": extra, "load": asdict(load), "runs_without_loss": sum(r["lost"] == 0 for r in results),
-            "lost": sum(r["lost"] for r in results), "refused": sum(r["refused"] for r in results),
-            "worst_p99_ttft_s": max(p99, default=None), "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
-            "runs": results}
+    return {
+        "what": what,
+        "serve_args": extra,
+        "load": asdict(load),
+        "runs_without_loss": sum(r["lost"] == 0 for r in results),
+        "lost": sum(r["lost"] for r in results),
+        "refused": sum(r["refused"] for r in results),
+        "worst_p99_ttft_s": max(p99, default=None),
+        "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+        "runs": results,
+    }
 
 
 def _earlier(path: Path) -> dict:
@@ -266,7 +332,9 @@ def _earlier(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=list(SCENARIOS), action="append", help="run these scenarios only (default: all)")
+    parser.add_argument(
+        "--only", choices=list(SCENARIOS), action="append", help="run these scenarios only (default: all)"
+    )
     parser.add_argument("--runs", type=int, help="runs per scenario (default: 5 for the targeted ones, else 1)")
     parser.add_argument("--streams", type=int, default=Load.streams)
     parser.add_argument("--clients", type=int, default=Load.clients)
@@ -286,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for name in TARGETED:
         if name in results:
-            print(f"{name}: {results[name]['runs_without_loss']} of {len(results[name]['runs'])} runs without a lost request")
+            print(
+                f"{name}: {results[name]['runs_without_loss']} of {len(results[name]['runs'])} runs without a lost request"
+            )
     print(f"target ({TARGET}): {'met' if met else 'not met'} -> {args.out}")
     return 0 if met or not checked or args.runs not in (None, 5) else 1
 

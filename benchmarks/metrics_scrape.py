@@ -62,17 +62,25 @@ async def make_clients(url: str, n: int) -> float:
     """One 1-token completion per client id, CONCURRENCY at a time; returns the seconds it took."""
     start, ids = time.perf_counter(), iter(range(n))
     async with httpx2.AsyncClient(timeout=60) as http:
+
         async def worker():
             for i in ids:
-                r = await http.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Client-Id": f"user-{i}"})
+                r = await http.post(
+                    f"{url}/v1/completions",
+                    json={"prompt": "hi", "max_tokens": 1},
+                    headers={"X-Client-Id": f"user-{i}"},
+                )
                 r.raise_for_status()
+
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
     return time.perf_counter() - start
 
 
 def stream_chunks(url: str, arrivals: list[float], started: threading.Event) -> None:
     body = {"prompt": "stream", "max_tokens": 4000, "stream": True, "ignore_eos": True}
-    with httpx2.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": "streamer"}, timeout=120) as r:
+    with httpx2.stream(
+        "POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": "streamer"}, timeout=120
+    ) as r:
         for _ in r.iter_raw():
             arrivals.append(time.perf_counter())
             started.set()
@@ -106,7 +114,11 @@ def measure(url: str, scrapes: int) -> dict:
     for scrape, (t0, t1) in zip(results, windows):
         scrape["largest_chunk_gap_s"] = largest_gap(arrivals, t0, t1)
     text = r.text
-    labels = {line.split('client="', 1)[1].split('"', 1)[0] for line in text.splitlines() if line.startswith("slora_requests_finished_total{")}
+    labels = {
+        line.split('client="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("slora_requests_finished_total{")
+    }
     return {
         "scrapes": results,
         "bytes": results[-1]["bytes"],
@@ -121,7 +133,9 @@ def measure(url: str, scrapes: int) -> dict:
 
 def git_revision(code: Path) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=code, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -147,8 +161,11 @@ def main() -> int:
     result = run(ROOT, args.clients, args.scrapes)
     if args.before:
         result["before"] = run(args.before.resolve(), args.clients, args.scrapes)
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "scrapes"}, indent=2))

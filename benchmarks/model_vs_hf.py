@@ -32,8 +32,15 @@ from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 
 # Big enough that attention and the matmuls, not Python, take a step's time; small enough for 2 cores.
-MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2, max_position_embeddings=2048)
+MODEL = dict(
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+)
 BATCHES = (1, 16, 64)
 CONTEXTS = (128, 512, 1024)
 STEPS = 8  # timed decode steps per cell, after one warm-up step
@@ -54,8 +61,10 @@ QUICK = Grid(batches=(1, 4), contexts=(32, 64), steps=3)
 
 def describe_model() -> str:
     m = MODEL
-    return (f"hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, {m['num_attention_heads']} query / "
-            f"{m['num_key_value_heads']} KV heads, MLP {m['intermediate_size']}, vocabulary {m['vocab_size']}")
+    return (
+        f"hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, {m['num_attention_heads']} query / "
+        f"{m['num_key_value_heads']} KV heads, MLP {m['intermediate_size']}, vocabulary {m['vocab_size']}"
+    )
 
 
 def build_hf(folder: Path) -> LlamaForCausalLM:
@@ -71,9 +80,13 @@ def random_prompts(batch: int, context: int) -> torch.Tensor:
 
 
 # -- ours -----------------------------------------------------------------------------------
-def ours_cell(backend: LlamaBackend, memory: MemoryManager, prompts: torch.Tensor, steps: int) -> tuple[float, list[float]]:
+def ours_cell(
+    backend: LlamaBackend, memory: MemoryManager, prompts: torch.Tensor, steps: int
+) -> tuple[float, list[float]]:
     """(prefill seconds, seconds of each decode step after the warm-up one)."""
-    reqs = [Request("bench", prompts.shape[1], steps + 2, 0.0, rid=k, prompt_ids=p.tolist()) for k, p in enumerate(prompts)]
+    reqs = [
+        Request("bench", prompts.shape[1], steps + 2, 0.0, rid=k, prompt_ids=p.tolist()) for k, p in enumerate(prompts)
+    ]
     memory.admit(reqs)
     result = backend.prefill(reqs)
     prefill_s, step_s = result.elapsed, []
@@ -113,8 +126,13 @@ def row(batch: int, context: int, ours: tuple[float, list[float]], hf: tuple[flo
     result = {"batch": batch, "context": context}
     for side, (prefill_s, step_s) in (("ours", ours), ("transformers", hf)):
         step = statistics.median(step_s)
-        result[side] = {"prefill_tokens_per_s": tokens / prefill_s, "prefill_ms": prefill_s * 1e3,
-                        "decode_tokens_per_s": batch / step, "decode_step_ms": step * 1e3, "decode_step_samples_ms": [s * 1e3 for s in step_s]}
+        result[side] = {
+            "prefill_tokens_per_s": tokens / prefill_s,
+            "prefill_ms": prefill_s * 1e3,
+            "decode_tokens_per_s": batch / step,
+            "decode_step_ms": step * 1e3,
+            "decode_step_samples_ms": [s * 1e3 for s in step_s],
+        }
     result["prefill_ratio"] = result["ours"]["prefill_tokens_per_s"] / result["transformers"]["prefill_tokens_per_s"]
     result["decode_ratio"] = result["ours"]["decode_tokens_per_s"] / result["transformers"]["decode_tokens_per_s"]
     return result
@@ -134,11 +152,20 @@ def measure(grid: Grid = Grid()) -> dict:
         rows = []
         for batch, context in tqdm(cells, desc="model vs transformers", leave=False):
             prompts = random_prompts(batch, context)
-            rows.append(row(batch, context, ours_cell(backend, memory, prompts, grid.steps), hf_cell(hf, prompts, grid.steps)))
+            rows.append(
+                row(batch, context, ours_cell(backend, memory, prompts, grid.steps), hf_cell(hf, prompts, grid.steps))
+            )
     import transformers
 
-    return {"model": describe_model(), "config": MODEL, "threads": torch.get_num_threads(), "decode_steps": grid.steps,
-            "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}
+    return {
+        "model": describe_model(),
+        "config": MODEL,
+        "threads": torch.get_num_threads(),
+        "decode_steps": grid.steps,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "rows": rows,
+    }
 
 
 def markdown_table(result: dict) -> str:
@@ -152,8 +179,10 @@ def markdown_table(result: dict) -> str:
     ]
     for r in result["rows"]:
         o, t = r["ours"], r["transformers"]
-        lines.append(f"| {r['batch']} | {r['context']:,} | {o['prefill_tokens_per_s']:,.0f} | {t['prefill_tokens_per_s']:,.0f} | "
-                     f"{r['prefill_ratio']:.2f} | {o['decode_tokens_per_s']:,.0f} | {t['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |")
+        lines.append(
+            f"| {r['batch']} | {r['context']:,} | {o['prefill_tokens_per_s']:,.0f} | {t['prefill_tokens_per_s']:,.0f} | "
+            f"{r['prefill_ratio']:.2f} | {o['decode_tokens_per_s']:,.0f} | {t['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -69,11 +69,17 @@ def bench_select(s: Settings) -> list[dict]:
         samples = [so.select_cost(spec, clients, s.admissions) for _ in range(s.repeats)]
         ns_per_admitted = [ns for ns, _ in samples]
         empty_ns, empty_samples = so.median_of(s.repeats, lambda: so.empty_select_cost(spec, clients, s.calls))
-        rows.append({
-            "scheduler": spec, "clients": clients, "us_per_admitted": statistics.median(ns_per_admitted) / 1e3,
-            "admitted_per_call": samples[0][1], "samples_us": [ns / 1e3 for ns in ns_per_admitted],
-            "us_per_empty_call": empty_ns / 1e3, "empty_samples_us": [ns / 1e3 for ns in empty_samples],
-        })
+        rows.append(
+            {
+                "scheduler": spec,
+                "clients": clients,
+                "us_per_admitted": statistics.median(ns_per_admitted) / 1e3,
+                "admitted_per_call": samples[0][1],
+                "samples_us": [ns / 1e3 for ns in ns_per_admitted],
+                "us_per_empty_call": empty_ns / 1e3,
+                "empty_samples_us": [ns / 1e3 for ns in empty_samples],
+            }
+        )
     return rows
 
 
@@ -81,8 +87,14 @@ def bench_try_add(s: Settings) -> list[dict]:
     rows = []
     for size in RUNNING_SIZES:
         median_ns, samples = so.median_of(s.repeats, lambda: so.try_add_cost(size, s.calls))
-        rows.append({"running": size, "pool_tokens": so.pool_for(size), "us_per_call": median_ns / 1e3,
-                     "samples_us": [ns / 1e3 for ns in samples]})
+        rows.append(
+            {
+                "running": size,
+                "pool_tokens": so.pool_for(size),
+                "us_per_call": median_ns / 1e3,
+                "samples_us": [ns / 1e3 for ns in samples],
+            }
+        )
     return rows
 
 
@@ -91,8 +103,9 @@ def bench_decode(s: Settings) -> list[dict]:
     for spec in SCHEDULERS:
         for size in RUNNING_SIZES:
             median_ns, samples = so.median_of(s.repeats, lambda: so.decode_step_cost(spec, size, s.calls))
-            rows.append({"scheduler": spec, "running": size, "ns_per_running_request": median_ns,
-                         "samples_ns": samples})
+            rows.append(
+                {"scheduler": spec, "running": size, "ns_per_running_request": median_ns, "samples_ns": samples}
+            )
     return rows
 
 
@@ -129,7 +142,9 @@ def cpu_model() -> str:
 
 def git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=RESULTS.parent, capture_output=True, text=True)
+        rev = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=RESULTS.parent, capture_output=True, text=True
+        )
     except OSError:
         return "unknown"
     return rev.stdout.strip() or "unknown"
@@ -152,30 +167,60 @@ def target_checks(results: dict) -> list[dict]:
     checks = []
     vtc = {r["clients"]: r["us_per_admitted"] for r in results.get("select", []) if r["scheduler"] == "vtc"}
     if 10_000 in vtc:
-        checks.append({"target": f"VTC select, 10,000 clients < {SELECT_TARGET_US:g} us/admitted",
-                       "measured": f"{vtc[10_000]:.2f} us", "ok": vtc[10_000] < SELECT_TARGET_US})
+        checks.append(
+            {
+                "target": f"VTC select, 10,000 clients < {SELECT_TARGET_US:g} us/admitted",
+                "measured": f"{vtc[10_000]:.2f} us",
+                "ok": vtc[10_000] < SELECT_TARGET_US,
+            }
+        )
     if 10 in vtc and 10_000 in vtc:
         growth = vtc[10_000] / vtc[10]
-        checks.append({"target": f"VTC select cost growth 10 -> 10,000 clients < {MAX_GROWTH:g}x (linear: ~1000x)",
-                       "measured": f"{growth:.2f}x", "ok": growth < MAX_GROWTH})
+        checks.append(
+            {
+                "target": f"VTC select cost growth 10 -> 10,000 clients < {MAX_GROWTH:g}x (linear: ~1000x)",
+                "measured": f"{growth:.2f}x",
+                "ok": growth < MAX_GROWTH,
+            }
+        )
     decode = {(r["batch"], r["context"]): r["decode_ratio"] for r in results.get("model", {}).get("rows", [])}
     if (64, 512) in decode:
-        checks.append({"target": f"decode, batch 64, context 512: ours / transformers >= {model_vs_hf.TARGET_DECODE_RATIO:g}",
-                       "measured": f"{decode[64, 512]:.2f}x", "ok": decode[64, 512] >= model_vs_hf.TARGET_DECODE_RATIO})
+        checks.append(
+            {
+                "target": f"decode, batch 64, context 512: ours / transformers >= {model_vs_hf.TARGET_DECODE_RATIO:g}",
+                "measured": f"{decode[64, 512]:.2f}x",
+                "ok": decode[64, 512] >= model_vs_hf.TARGET_DECODE_RATIO,
+            }
+        )
     fig = results.get("figures")
     if fig:
         ok = fig.get("status") == "ok" and fig["wall_s"] < figures_time.TARGET_S
         measured = f"{fig['wall_s']:.1f} s ({fig['status']})" if "wall_s" in fig else fig["status"]
-        checks.append({"target": f"slora-vtc figures < {figures_time.TARGET_S:g} s", "measured": measured,
-                       "ok": ok if fig.get("status") != "not available" else None})
+        checks.append(
+            {
+                "target": f"slora-vtc figures < {figures_time.TARGET_S:g} s",
+                "measured": measured,
+                "ok": ok if fig.get("status") != "not available" else None,
+            }
+        )
     cli = results.get("cli")
     if cli:
-        checks.append({"target": f"{cli['command']}, whole process < {cli['target_s']:g} s", "measured": f"{cli['wall_s']:.2f} s",
-                       "ok": cli["wall_s"] < cli["target_s"]})
+        checks.append(
+            {
+                "target": f"{cli['command']}, whole process < {cli['target_s']:g} s",
+                "measured": f"{cli['wall_s']:.2f} s",
+                "ok": cli["wall_s"] < cli["target_s"],
+            }
+        )
     macro = results.get("macro")
     if macro:
-        checks.append({"target": "macro-steps: the result file of single steps, on every suite", "ok": macro["identical"] == macro["cases"],
-                       "measured": f"{macro['identical']} / {macro['cases']} identical"})
+        checks.append(
+            {
+                "target": "macro-steps: the result file of single steps, on every suite",
+                "ok": macro["identical"] == macro["cases"],
+                "measured": f"{macro['identical']} / {macro['cases']} identical",
+            }
+        )
     return checks
 
 
@@ -206,15 +251,30 @@ def print_table(title: str, headers: list[str], rows: list[list]) -> None:
 
 
 def print_sim(rows: list[dict]) -> None:
-    print_table("Simulator speed (run_experiment, median wall time; single steps: one run)",
-                ["suite", "scheduler", "requests", "simulated s", "wall s", "requests/s", "x real time", "single steps s"],
-                [[r["suite"], r["scheduler"], r["requests"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.2f}",
-                  f"{r['requests_per_s']:,.0f}", f"{r['speedup']:.0f}", f"{r.get('single_steps_wall_s', float('nan')):.2f}"] for r in rows])
+    print_table(
+        "Simulator speed (run_experiment, median wall time; single steps: one run)",
+        ["suite", "scheduler", "requests", "simulated s", "wall s", "requests/s", "x real time", "single steps s"],
+        [
+            [
+                r["suite"],
+                r["scheduler"],
+                r["requests"],
+                f"{r['simulated_s']:.0f}",
+                f"{r['wall_s']:.2f}",
+                f"{r['requests_per_s']:,.0f}",
+                f"{r['speedup']:.0f}",
+                f"{r.get('single_steps_wall_s', float('nan')):.2f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def print_macro(check: dict) -> None:
-    print(f"\nMacro-steps vs single steps: {check['identical']} of {check['cases']} runs identical; "
-          f"{check['wall_s']:.1f} s vs {check['single_steps_wall_s']:.1f} s of simulation")
+    print(
+        f"\nMacro-steps vs single steps: {check['identical']} of {check['cases']} runs identical; "
+        f"{check['wall_s']:.1f} s vs {check['single_steps_wall_s']:.1f} s of simulation"
+    )
     for r in check["rows"]:
         if not r["identical"]:
             print(f"  DIFFERENT: {r}")
@@ -225,20 +285,36 @@ def print_cli(cli: dict) -> None:
 
 
 def print_select(rows: list[dict]) -> None:
-    print_table("select() per admitted request (pool 10k, 20 running, 256/256 requests)",
-                ["scheduler", "waiting clients", "us/admitted", "admitted/call", "us/call admitting none"],
-                [[r["scheduler"], f"{r['clients']:,}", f"{r['us_per_admitted']:.2f}", f"{r['admitted_per_call']:.1f}",
-                  f"{r['us_per_empty_call']:.2f}"] for r in rows])
+    print_table(
+        "select() per admitted request (pool 10k, 20 running, 256/256 requests)",
+        ["scheduler", "waiting clients", "us/admitted", "admitted/call", "us/call admitting none"],
+        [
+            [
+                r["scheduler"],
+                f"{r['clients']:,}",
+                f"{r['us_per_admitted']:.2f}",
+                f"{r['admitted_per_call']:.1f}",
+                f"{r['us_per_empty_call']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def print_try_add(rows: list[dict]) -> None:
-    print_table("Budget.try_add alone (accepted candidate, fresh budget)", ["running", "pool tokens", "us/call"],
-                [[r["running"], f"{r['pool_tokens']:,}", f"{r['us_per_call']:.2f}"] for r in rows])
+    print_table(
+        "Budget.try_add alone (accepted candidate, fresh budget)",
+        ["running", "pool tokens", "us/call"],
+        [[r["running"], f"{r['pool_tokens']:,}", f"{r['us_per_call']:.2f}"] for r in rows],
+    )
 
 
 def print_decode(rows: list[dict]) -> None:
-    print_table("on_decode_step per running request", ["scheduler", "running", "ns/request"],
-                [[r["scheduler"], r["running"], f"{r['ns_per_running_request']:.1f}"] for r in rows])
+    print_table(
+        "on_decode_step per running request",
+        ["scheduler", "running", "ns/request"],
+        [[r["scheduler"], r["running"], f"{r['ns_per_running_request']:.1f}"] for r in rows],
+    )
 
 
 def print_figures(fig: dict) -> None:
@@ -251,21 +327,31 @@ def print_model(result: dict) -> None:
 
 
 PRINTERS: dict[str, Callable] = {
-    "sim": print_sim, "macro": print_macro, "cli": print_cli, "select": print_select, "try_add": print_try_add, "decode": print_decode, "figures": print_figures,
+    "sim": print_sim,
+    "macro": print_macro,
+    "cli": print_cli,
+    "select": print_select,
+    "try_add": print_try_add,
+    "decode": print_decode,
+    "figures": print_figures,
     "model": print_model,
 }
 
 
 def print_results(results: dict) -> None:
     m = results["machine"]
-    print(f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]")
+    print(
+        f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]"
+    )
     for name, printer in PRINTERS.items():
         if name in results:
             printer(results[name])
     verdict = {True: "PASS", False: "MISS", None: "n/a"}
     checks = results["targets"]
     if checks:
-        print_table("Targets", ["target", "measured", ""], [[c["target"], c["measured"], verdict[c["ok"]]] for c in checks])
+        print_table(
+            "Targets", ["target", "measured", ""], [[c["target"], c["measured"], verdict[c["ok"]]] for c in checks]
+        )
 
 
 def model_table(out: Path) -> Path:
@@ -285,7 +371,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats and calls, no figures: a smoke run")
     p.add_argument("--only", help=f"comma-separated sections to run: {', '.join(SECTIONS)}")
-    p.add_argument("--out", type=Path, help="result file (default: results/cpu.json, results/cpu-quick.json with --quick)")
+    p.add_argument(
+        "--out", type=Path, help="result file (default: results/cpu.json, results/cpu-quick.json with --quick)"
+    )
     args = p.parse_args(argv)
     args.sections = selected_sections(p, args)
     args.out = args.out or RESULTS / ("cpu-quick.json" if args.quick else "cpu.json")

@@ -27,10 +27,17 @@ CLI_TARGET_S = 0.5  # issue 11: the whole process
 PAPER_SCHEDULERS = ("vtc", "fcfs", "lcf")
 PREFIX_SCHEDULERS = ("lpm", "dlpm:8000", "vtc")
 VARIANTS = (  # on overload: every other scheduler and setting that changes what a decode step does
-    {"scheduler": "rpm:20"}, {"scheduler": "vtc-pred:0.5"}, {"scheduler": "vtc-oracle"}, {"scheduler": "vtc-avg"},
-    {"scheduler": "vtc", "cost": "profile"}, {"scheduler": "vtc", "lift": "artifact"}, {"scheduler": "vtc", "extra_charge_at_finish": True},
-    {"scheduler": "vtc", "admission": "optimistic"}, {"scheduler": "fcfs", "admission": "optimistic"},
-    {"scheduler": "vtc", "prefix_cache": True}, {"scheduler": "vtc", "horizon": 300.0},
+    {"scheduler": "rpm:20"},
+    {"scheduler": "vtc-pred:0.5"},
+    {"scheduler": "vtc-oracle"},
+    {"scheduler": "vtc-avg"},
+    {"scheduler": "vtc", "cost": "profile"},
+    {"scheduler": "vtc", "lift": "artifact"},
+    {"scheduler": "vtc", "extra_charge_at_finish": True},
+    {"scheduler": "vtc", "admission": "optimistic"},
+    {"scheduler": "fcfs", "admission": "optimistic"},
+    {"scheduler": "vtc", "prefix_cache": True},
+    {"scheduler": "vtc", "horizon": 300.0},
 )
 
 
@@ -48,7 +55,9 @@ def timed_run(exp: Experiment, macro_steps: bool = True) -> tuple[float, RunResu
 def measure_sim_speed(repeats: int, progress: bool = True) -> list[dict]:
     """One row per (suite, scheduler) at the suite's own duration; wall time is the median."""
     rows = []
-    with tqdm(total=len(RUNS) * (repeats + 1), desc="simulator speed", unit="run", disable=not progress, leave=False) as bar:
+    with tqdm(
+        total=len(RUNS) * (repeats + 1), desc="simulator speed", unit="run", disable=not progress, leave=False
+    ) as bar:
         for suite, scheduler in RUNS:
             exp = Experiment(suite=suite, scheduler=scheduler)
             samples = []
@@ -86,15 +95,34 @@ def check_cases() -> list[dict]:
     cases = []
     for suite in SUITES.values():
         if suite.name.startswith("prefix"):
-            cases += [{"suite": suite.name, "scheduler": s, "prefix_cache": True, "horizon": suite.duration} for s in PREFIX_SCHEDULERS]
+            cases += [
+                {"suite": suite.name, "scheduler": s, "prefix_cache": True, "horizon": suite.duration}
+                for s in PREFIX_SCHEDULERS
+            ]
         elif suite.name == "overload_weighted":
             cases += [{"suite": suite.name, "scheduler": s} for s in ("wvtc:1,2,3,4", "vtc")]
         else:
             cases += [{"suite": suite.name, "scheduler": s} for s in PAPER_SCHEDULERS]
     cases += [{"suite": "overload", **v} for v in VARIANTS]
-    cases.append({"suite": "prefix_tot", "scheduler": "dlpm:2000", "prefix_cache": True, "admission": "optimistic", "horizon": 90.0})
-    cases.append({"suite": "prefix_judge", "scheduler": "vtc", "prefix_cache": True, "admission": "optimistic", "charge_cached": 0.0,
-                  "horizon": 120.0})
+    cases.append(
+        {
+            "suite": "prefix_tot",
+            "scheduler": "dlpm:2000",
+            "prefix_cache": True,
+            "admission": "optimistic",
+            "horizon": 90.0,
+        }
+    )
+    cases.append(
+        {
+            "suite": "prefix_judge",
+            "scheduler": "vtc",
+            "prefix_cache": True,
+            "admission": "optimistic",
+            "charge_cached": 0.0,
+            "horizon": 120.0,
+        }
+    )
     return cases
 
 
@@ -105,10 +133,22 @@ def check_macro_steps(progress: bool = True) -> dict:
         exp = Experiment(**case)
         macro_s, macro = timed_run(exp)
         single_s, single = timed_run(exp, macro_steps=False)
-        rows.append({**case, "identical": macro.to_json() == single.to_json(), "requests": len(macro.responses),
-                     "wall_s": macro_s, "single_steps_wall_s": single_s})
-    return {"cases": len(rows), "identical": sum(r["identical"] for r in rows), "wall_s": sum(r["wall_s"] for r in rows),
-            "single_steps_wall_s": sum(r["single_steps_wall_s"] for r in rows), "rows": rows}
+        rows.append(
+            {
+                **case,
+                "identical": macro.to_json() == single.to_json(),
+                "requests": len(macro.responses),
+                "wall_s": macro_s,
+                "single_steps_wall_s": single_s,
+            }
+        )
+    return {
+        "cases": len(rows),
+        "identical": sum(r["identical"] for r in rows),
+        "wall_s": sum(r["wall_s"] for r in rows),
+        "single_steps_wall_s": sum(r["single_steps_wall_s"] for r in rows),
+        "rows": rows,
+    }
 
 
 def measure_cli(repeats: int) -> dict:
@@ -119,10 +159,20 @@ def measure_cli(repeats: int) -> dict:
         for _ in range(repeats):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "slora_vtc", *CLI_COMMAND, "--out", str(Path(tmp) / "r.jsonl")],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "slora_vtc", *CLI_COMMAND, "--out", str(Path(tmp) / "r.jsonl")],
+                check=True,
+                capture_output=True,
+            )
             walls.append(time.perf_counter() - start)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"command": "slora-vtc " + " ".join(CLI_COMMAND), "wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
-            "min_wall_s": min(walls), "samples_s": walls, "cpu_samples_s": cpus, "target_s": CLI_TARGET_S}
+    return {
+        "command": "slora-vtc " + " ".join(CLI_COMMAND),
+        "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "min_wall_s": min(walls),
+        "samples_s": walls,
+        "cpu_samples_s": cpus,
+        "target_s": CLI_TARGET_S,
+    }

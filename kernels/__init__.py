@@ -8,8 +8,16 @@ import os
 from types import SimpleNamespace
 
 OP_NAMES = (
-    "rms_norm", "rotary_embedding", "kv_scatter", "prefill_attention", "extend_attention", "decode_attention",
-    "lora_shrink", "lora_expand", "lora_shrink_segments", "lora_expand_segments",
+    "rms_norm",
+    "rotary_embedding",
+    "kv_scatter",
+    "prefill_attention",
+    "extend_attention",
+    "decode_attention",
+    "lora_shrink",
+    "lora_expand",
+    "lora_shrink_segments",
+    "lora_expand_segments",
 )
 BACKENDS = ("reference", "triton")
 

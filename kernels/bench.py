@@ -36,9 +36,18 @@ EXTEND_CASES = [  # name, requests, cached tokens, new tokens per request
     ("extend_8x(2048+512)", 8, 2048, 512),
 ]
 DECODE_SWEEP = [  # keyword overrides of decode_attention
-    dict(block_n=16, num_warps=4), dict(block_n=32, num_warps=4), dict(block_n=64, num_warps=4),
-    dict(block_n=32, num_warps=2), dict(block_n=64, num_warps=8), dict(block_n=128, num_warps=8),
-    dict(num_stages=2), dict(num_stages=4), dict(num_splits=1), dict(num_splits=2), dict(num_splits=4), dict(num_splits=8),
+    dict(block_n=16, num_warps=4),
+    dict(block_n=32, num_warps=4),
+    dict(block_n=64, num_warps=4),
+    dict(block_n=32, num_warps=2),
+    dict(block_n=64, num_warps=8),
+    dict(block_n=128, num_warps=8),
+    dict(num_stages=2),
+    dict(num_stages=4),
+    dict(num_splits=1),
+    dict(num_splits=2),
+    dict(num_splits=4),
+    dict(num_splits=8),
 ]
 HEAD_DIM = 128
 PREFILL_HEADS = 32
@@ -73,20 +82,38 @@ def decode_inputs(batch: int, context: int, q_heads: int, kv_heads: int, gen: to
 def bench_decode(ops, ref, case, args, gen, sweep: bool) -> tuple[dict, list[dict]]:
     name, batch, context, q_heads, kv_heads = case
     q, k_cache, v_cache, slot_table, seq_lens = decode_inputs(batch, context, q_heads, kv_heads, gen)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     kv_bytes = int(seq_lens.sum()) * kv_heads * HEAD_DIM * k_cache.element_size() * 2
 
     def measure(**overrides) -> dict:
-        ms = time_ms(lambda: ops.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, scale, **overrides), args.warmup, args.iters)
+        ms = time_ms(
+            lambda: ops.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, scale, **overrides),
+            args.warmup,
+            args.iters,
+        )
         gbps = kv_bytes / (ms * 1e-3) / 1e9
-        return dict(case=name, config=overrides or "default", ms=round(ms, 4), gbps=round(gbps, 1),
-                    fraction_of_peak=round(gbps / args.peak_gbps, 3))
+        return dict(
+            case=name,
+            config=overrides or "default",
+            ms=round(ms, 4),
+            gbps=round(gbps, 1),
+            fraction_of_peak=round(gbps / args.peak_gbps, 3),
+        )
 
     head = slice(0, 2)  # the reference gathers in fp32: check two requests only
     out = ops.decode_attention(q[head], k_cache, v_cache, slot_table[head], seq_lens[head], scale)
     expected = ref.decode_attention(q[head], k_cache, v_cache, slot_table[head], seq_lens[head], scale)
-    result = dict(measure(), batch=batch, context=context, q_heads=q_heads, kv_heads=kv_heads, head_dim=HEAD_DIM,
-                  dtype="float16", kv_bytes=kv_bytes, max_abs_err=float((out.float() - expected.float()).abs().max()))
+    result = dict(
+        measure(),
+        batch=batch,
+        context=context,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=HEAD_DIM,
+        dtype="float16",
+        kv_bytes=kv_bytes,
+        max_abs_err=float((out.float() - expected.float()).abs().max()),
+    )
     rows = [measure(**overrides) for overrides in DECODE_SWEEP] if sweep else []
     return result, rows
 
@@ -98,15 +125,28 @@ def bench_prefill(ops, case, args, gen) -> dict:
     heads, tokens = PREFILL_HEADS, sum(lengths)
     q, k, v = (torch.randn(tokens, heads, HEAD_DIM, generator=gen).to(DEVICE).half() for _ in range(3))
     cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
-    scale = HEAD_DIM ** -0.5
-    ms = time_ms(lambda: ops.prefill_attention(q, k, v, cu_seqlens, scale, max_seqlen=max(lengths)), args.warmup, args.iters)
+    scale = HEAD_DIM**-0.5
+    ms = time_ms(
+        lambda: ops.prefill_attention(q, k, v, cu_seqlens, scale, max_seqlen=max(lengths)), args.warmup, args.iters
+    )
     flops = sum(4 * n * (n + 1) / 2 * HEAD_DIM * heads for n in lengths)  # causal QK^T and PV
     first = slice(0, lengths[0])
-    expected = torch.nn.functional.scaled_dot_product_attention(*(t[first].transpose(0, 1) for t in (q, k, v)), is_causal=True, scale=scale)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t[first].transpose(0, 1) for t in (q, k, v)), is_causal=True, scale=scale
+    )
     out = ops.prefill_attention(q, k, v, cu_seqlens, scale)
-    result = dict(case=name, requests=len(lengths), tokens=tokens, heads=heads, head_dim=HEAD_DIM, dtype="float16",
-                  ms=round(ms, 4), tokens_per_s=round(tokens / (ms * 1e-3)), tflops=round(flops / (ms * 1e-3) / 1e12, 1),
-                  max_abs_err=float((out[first].float() - expected.transpose(0, 1).float()).abs().max()))
+    result = dict(
+        case=name,
+        requests=len(lengths),
+        tokens=tokens,
+        heads=heads,
+        head_dim=HEAD_DIM,
+        dtype="float16",
+        ms=round(ms, 4),
+        tokens_per_s=round(tokens / (ms * 1e-3)),
+        tflops=round(flops / (ms * 1e-3) / 1e12, 1),
+        max_abs_err=float((out[first].float() - expected.transpose(0, 1).float()).abs().max()),
+    )
     if len(set(lengths)) == 1:  # a uniform batch: torch's fused attention as a yardstick
         batch = [t.view(len(lengths), lengths[0], heads, HEAD_DIM).transpose(1, 2) for t in (q, k, v)]
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -124,18 +164,34 @@ def bench_extend(ops, ref, case, args, gen) -> dict:
     slot_table = torch.randperm(pool, generator=gen)[: batch * context].view(batch, context).to(DEVICE)
     cu_seqlens = (torch.arange(batch + 1) * new).to(DEVICE)
     cached_lens = torch.full((batch,), cached, device=DEVICE)
-    scale = HEAD_DIM ** -0.5
-    ms = time_ms(lambda: ops.extend_attention(q, k_cache, v_cache, cu_seqlens, slot_table, cached_lens, scale, max_seqlen=new),
-                 args.warmup, args.iters)
+    scale = HEAD_DIM**-0.5
+    ms = time_ms(
+        lambda: ops.extend_attention(q, k_cache, v_cache, cu_seqlens, slot_table, cached_lens, scale, max_seqlen=new),
+        args.warmup,
+        args.iters,
+    )
     flops = batch * sum(4 * (cached + j + 1) * HEAD_DIM * heads for j in range(new))
     first = slice(0, new)
     out = ops.extend_attention(q[first], k_cache, v_cache, cu_seqlens[:2], slot_table[:1], cached_lens[:1], scale)
     expected = ref.extend_attention(q[first], k_cache, v_cache, cu_seqlens[:2], slot_table[:1], cached_lens[:1], scale)
     k, v = k_cache[slot_table[:, cached:].flatten()], v_cache[slot_table[:, cached:].flatten()]
-    cold_ms = time_ms(lambda: ops.prefill_attention(q, k, v, cu_seqlens, scale, max_seqlen=new), args.warmup, args.iters)
-    return dict(case=name, requests=batch, cached=cached, new=new, heads=heads, head_dim=HEAD_DIM, dtype="float16",
-                ms=round(ms, 4), new_tokens_per_s=round(tokens / (ms * 1e-3)), tflops=round(flops / (ms * 1e-3) / 1e12, 1),
-                cold_prefill_ms=round(cold_ms, 4), max_abs_err=float((out.float() - expected.float()).abs().max()))
+    cold_ms = time_ms(
+        lambda: ops.prefill_attention(q, k, v, cu_seqlens, scale, max_seqlen=new), args.warmup, args.iters
+    )
+    return dict(
+        case=name,
+        requests=batch,
+        cached=cached,
+        new=new,
+        heads=heads,
+        head_dim=HEAD_DIM,
+        dtype="float16",
+        ms=round(ms, 4),
+        new_tokens_per_s=round(tokens / (ms * 1e-3)),
+        tflops=round(flops / (ms * 1e-3) / 1e12, 1),
+        cold_prefill_ms=round(cold_ms, 4),
+        max_abs_err=float((out.float() - expected.float()).abs().max()),
+    )
 
 
 def parse_args(argv):
@@ -171,8 +227,16 @@ def main(argv=None) -> int:
     triton_ops = ops("triton")
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu_gen = torch.Generator().manual_seed(0)
-    report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                  peak_gbps=args.peak_gbps, decode=[], decode_sweep=[], prefill=[], extend=[])
+    report = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=__import__("triton").__version__,
+        peak_gbps=args.peak_gbps,
+        decode=[],
+        decode_sweep=[],
+        prefill=[],
+        extend=[],
+    )
     for case in DECODE_CASES:
         result, sweep = bench_decode(triton_ops, ref, case, args, gen, sweep=not args.no_sweep)
         report["decode"].append(result)

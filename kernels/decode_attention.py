@@ -17,12 +17,43 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_split_kernel(Q, KCache, VCache, SlotTable, SeqLens, Out, PartOut, PartLse, qk_scale, chunk, max_len,
-                         stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tb,
-                         stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, SLOT_OFFSET: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                         PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+def _decode_split_kernel(
+    Q,
+    KCache,
+    VCache,
+    SlotTable,
+    SeqLens,
+    Out,
+    PartOut,
+    PartLse,
+    qk_scale,
+    chunk,
+    max_len,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SLOT_OFFSET: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
     req = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -77,13 +108,30 @@ def _decode_split_kernel(Q, KCache, VCache, SlotTable, SeqLens, Out, PartOut, Pa
         lse = tl.where(nonempty, row_max + tl.log2(tl.where(nonempty, row_sum, 1.0)), float("-inf"))
         tl.store(PartLse + req * stride_lb + q_heads * stride_lh + split, lse, mask=offs_g < GROUP)
     else:
-        tl.store(Out + req * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty), mask=qmask)
+        tl.store(
+            Out + req * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=qmask,
+        )
 
 
 @triton.jit
-def _decode_merge_kernel(PartOut, PartLse, Out, num_splits,
-                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _decode_merge_kernel(
+    PartOut,
+    PartLse,
+    Out,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -91,8 +139,11 @@ def _decode_merge_kernel(PartOut, PartLse, Out, num_splits,
     smask = offs_s < num_splits
     lse = tl.load(PartLse + req * stride_lb + head * stride_lh + offs_s, mask=smask, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, axis=0))
-    part = tl.load(PartOut + req * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=smask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    part = tl.load(
+        PartOut + req * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=smask[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
     out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(Out + req * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
@@ -119,9 +170,19 @@ def _num_splits(q: torch.Tensor, programs: int, max_len: int, block_n: int) -> i
     return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_len, 4 * block_n), 64))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_table: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float, *, num_splits: int | None = None, block_n: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """One new token per request attends over its cached K/V, read through its slot list.
 
     q: [B, Hq, D]; slot_table: [B, max_len] (entries past seq_lens[b] are ignored); seq_lens: [B].
@@ -137,25 +198,70 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out.zero_()
     tiles = _tiles(q, head_dim, group)
     block_n = block_n or tiles["block_n"]
-    chunk = triton.cdiv(triton.cdiv(max_len, num_splits or _num_splits(q, batch * kv_heads, max_len, block_n)), block_n) * block_n
+    chunk = (
+        triton.cdiv(triton.cdiv(max_len, num_splits or _num_splits(q, batch * kv_heads, max_len, block_n)), block_n)
+        * block_n
+    )
     splits = triton.cdiv(max_len, chunk)
-    part_out = torch.empty((batch, q_heads, splits, head_dim), dtype=torch.float32, device=q.device) if splits > 1 else out
+    part_out = (
+        torch.empty((batch, q_heads, splits, head_dim), dtype=torch.float32, device=q.device) if splits > 1 else out
+    )
     part_lse = torch.empty((batch, q_heads, splits), dtype=torch.float32, device=q.device) if splits > 1 else out
     small_pool = max(k_cache.numel(), v_cache.numel()) < 2**31
     _decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, slot_table, seq_lens, out, part_out, part_lse, scale * LOG2E, chunk, max_len,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        slot_table.stride(0), out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, BLOCK_G=1 if group == 1 else pow2(group, 16), HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16),
-        BLOCK_N=block_n, SLOT_OFFSET=tl.int32 if small_pool else tl.int64, SPLIT=splits > 1,
-        DOT_DTYPE=dot_dtype(_decode_split_kernel, q.dtype), PRECISION=dot_precision(q.dtype),
-        NUM_STAGES=num_stages or tiles["num_stages"], num_warps=num_warps or tiles["num_warps"],
+        q,
+        k_cache,
+        v_cache,
+        slot_table,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        chunk,
+        max_len,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        slot_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        GROUP=group,
+        BLOCK_G=1 if group == 1 else pow2(group, 16),
+        HEAD_DIM=head_dim,
+        BLOCK_D=pow2(head_dim, 16),
+        BLOCK_N=block_n,
+        SLOT_OFFSET=tl.int32 if small_pool else tl.int64,
+        SPLIT=splits > 1,
+        DOT_DTYPE=dot_dtype(_decode_split_kernel, q.dtype),
+        PRECISION=dot_precision(q.dtype),
+        NUM_STAGES=num_stages or tiles["num_stages"],
+        num_warps=num_warps or tiles["num_warps"],
     )
     if splits > 1:
         _decode_merge_kernel[(batch, q_heads)](
-            part_out, part_lse, out, splits, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16), BLOCK_S=pow2(splits), num_warps=4,
+            part_out,
+            part_lse,
+            out,
+            splits,
+            part_out.stride(0),
+            part_out.stride(1),
+            part_out.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=pow2(head_dim, 16),
+            BLOCK_S=pow2(splits),
+            num_warps=4,
         )
     return out

@@ -18,10 +18,33 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _extend_kernel(Q, KCache, VCache, Out, CuSeqlens, SlotTable, CachedLens, qk_scale,
-                   stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tb,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SLOT_OFFSET: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+def _extend_kernel(
+    Q,
+    KCache,
+    VCache,
+    Out,
+    CuSeqlens,
+    SlotTable,
+    CachedLens,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SLOT_OFFSET: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     block_m = tl.program_id(0)
     req = tl.program_id(1)
     head = tl.program_id(2)
@@ -40,7 +63,11 @@ def _extend_kernel(Q, KCache, VCache, Out, CuSeqlens, SlotTable, CachedLens, qk_
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d[None, :] < HEAD_DIM
     rows_mask = (offs_m[:, None] < length) & dmask
-    q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows_mask, other=0.0).to(tl.float32).to(DOT_DTYPE)
+    q = (
+        tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows_mask, other=0.0)
+        .to(tl.float32)
+        .to(DOT_DTYPE)
+    )
     query_pos = cached + offs_m
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -76,8 +103,16 @@ def _tiles(q: torch.Tensor, head_dim: int) -> dict:
     return gpu_tiles(head_dim, capability(q.device.index or 0)[0] >= 9, q.dtype == torch.float32)
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, slot_table: torch.Tensor,
-                     cached_lens: torch.Tensor, scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_table: torch.Tensor,
+    cached_lens: torch.Tensor,
+    scale: float,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """Prefill of requests whose first cached_lens[b] tokens already have K/V in the pool.
 
     q: [T, Hq, D], the new tokens only; cu_seqlens: [B + 1] their offsets; slot_table: [B, max_ctx], each
@@ -94,11 +129,29 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     small_pool = max(k_cache.numel(), v_cache.numel()) < 2**31
     grid = (triton.cdiv(longest, tiles["BLOCK_M"]), len(cu_seqlens) - 1, q_heads)
     _extend_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens, slot_table, cached_lens, scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1), slot_table.stride(0),
-        GROUP=q_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens,
+        slot_table,
+        cached_lens,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        slot_table.stride(0),
+        GROUP=q_heads // k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_D=pow2(head_dim, 16),
         SLOT_OFFSET=tl.int32 if small_pool else tl.int64,
-        DOT_DTYPE=dot_dtype(_extend_kernel, q.dtype), PRECISION=dot_precision(q.dtype), **tiles,
+        DOT_DTYPE=dot_dtype(_extend_kernel, q.dtype),
+        PRECISION=dot_precision(q.dtype),
+        **tiles,
     )
     return out

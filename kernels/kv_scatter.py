@@ -8,9 +8,25 @@ from ._launch import last_dim_contiguous, pow2
 
 
 @triton.jit
-def _kv_scatter_kernel(K, V, KCache, VCache, Slots, heads, head_dim,
-                       stride_kt, stride_kh, stride_vt, stride_vh, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _kv_scatter_kernel(
+    K,
+    V,
+    KCache,
+    VCache,
+    Slots,
+    heads,
+    head_dim,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcs,
+    stride_kch,
+    stride_vcs,
+    stride_vch,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(Slots + tok).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)[:, None]
@@ -22,7 +38,9 @@ def _kv_scatter_kernel(K, V, KCache, VCache, Slots, heads, head_dim,
     tl.store(VCache + slot * stride_vcs + offs_h * stride_vch + offs_d, v.to(VCache.dtype.element_ty), mask=mask)
 
 
-def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+def kv_scatter(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Write each token's K and V into its pool slot. k, v: [T, Hk, D]; slots: [T] (int64)."""
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "pool buffers must have a contiguous head_dim"
     k, v = last_dim_contiguous(k), last_dim_contiguous(v)
@@ -30,8 +48,22 @@ def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if tokens == 0:
         return
     _kv_scatter_kernel[(tokens,)](
-        k, v, k_cache, v_cache, slots.contiguous(), heads, head_dim,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        BLOCK_H=pow2(heads), BLOCK_D=pow2(head_dim), num_warps=4,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slots.contiguous(),
+        heads,
+        head_dim,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        BLOCK_H=pow2(heads),
+        BLOCK_D=pow2(head_dim),
+        num_warps=4,
     )

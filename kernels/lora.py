@@ -38,8 +38,25 @@ def _row_slots(LoraSlots, Starts, adapter, stride_la, per_row, chunk, offs_r, rm
 
 
 @triton.jit
-def _shrink_kernel(X, Cache, LoraSlots, Starts, Ranks, AdapterIds, Y, in_dim, width, per_row, max_rank,
-                   stride_xt, stride_cs, stride_la, stride_yt, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _shrink_kernel(
+    X,
+    Cache,
+    LoraSlots,
+    Starts,
+    Ranks,
+    AdapterIds,
+    Y,
+    in_dim,
+    width,
+    per_row,
+    max_rank,
+    stride_xt,
+    stride_cs,
+    stride_la,
+    stride_yt,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     adapter = tl.load(AdapterIds + tok).to(tl.int64)
     rank = _adapter_rank(Ranks, adapter, max_rank)
@@ -62,8 +79,26 @@ def _shrink_kernel(X, Cache, LoraSlots, Starts, Ranks, AdapterIds, Y, in_dim, wi
 
 
 @triton.jit
-def _expand_kernel(Y, Cache, LoraSlots, Starts, Ranks, Scales, AdapterIds, Out, out_dim, width, per_row, max_rank,
-                   stride_yt, stride_cs, stride_la, stride_ot, BLOCK_R: tl.constexpr, BLOCK_O: tl.constexpr):
+def _expand_kernel(
+    Y,
+    Cache,
+    LoraSlots,
+    Starts,
+    Ranks,
+    Scales,
+    AdapterIds,
+    Out,
+    out_dim,
+    width,
+    per_row,
+    max_rank,
+    stride_yt,
+    stride_cs,
+    stride_la,
+    stride_ot,
+    BLOCK_R: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     adapter = tl.load(AdapterIds + tok).to(tl.int64)
     rank = _adapter_rank(Ranks, adapter, max_rank)
@@ -77,10 +112,16 @@ def _expand_kernel(Y, Cache, LoraSlots, Starts, Ranks, Scales, AdapterIds, Out, 
     for chunk in range(0, per_row):
         slots = _row_slots(LoraSlots, Starts, adapter, stride_la, per_row, chunk, offs_r, rmask)
         omask = (offs_o < width) & (chunk * width + offs_o < out_dim)
-        b = tl.load(Cache + slots[:, None] * stride_cs + offs_o[None, :], mask=rmask[:, None] & omask[None, :], other=0.0).to(tl.float32)
+        b = tl.load(
+            Cache + slots[:, None] * stride_cs + offs_o[None, :], mask=rmask[:, None] & omask[None, :], other=0.0
+        ).to(tl.float32)
         delta = tl.sum(b * y[:, None], axis=0) * scale
         out_ptr = Out + tok * stride_ot + chunk * width + offs_o
-        tl.store(out_ptr, (tl.load(out_ptr, mask=omask, other=0.0).to(tl.float32) + delta).to(Out.dtype.element_ty), mask=omask)
+        tl.store(
+            out_ptr,
+            (tl.load(out_ptr, mask=omask, other=0.0).to(tl.float32) + delta).to(Out.dtype.element_ty),
+            mask=omask,
+        )
 
 
 @triton.jit
@@ -98,9 +139,29 @@ def _segment_block(CuSeqlens, SegmentAdapters, Ranks, max_rank, BLOCK_T: tl.cons
 
 
 @triton.jit
-def _shrink_segments_kernel(X, Cache, LoraSlots, Starts, Ranks, CuSeqlens, SegmentAdapters, Y, in_dim, width, per_row, max_rank,
-                            stride_xt, stride_cs, stride_la, stride_yt, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-                            BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+def _shrink_segments_kernel(
+    X,
+    Cache,
+    LoraSlots,
+    Starts,
+    Ranks,
+    CuSeqlens,
+    SegmentAdapters,
+    Y,
+    in_dim,
+    width,
+    per_row,
+    max_rank,
+    stride_xt,
+    stride_cs,
+    stride_la,
+    stride_yt,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     adapter, rank, start, offs_t, tmask, busy = _segment_block(CuSeqlens, SegmentAdapters, Ranks, max_rank, BLOCK_T)
     if not busy:
         return
@@ -124,9 +185,29 @@ def _shrink_segments_kernel(X, Cache, LoraSlots, Starts, Ranks, CuSeqlens, Segme
 
 
 @triton.jit
-def _expand_segments_kernel(Y, Cache, LoraSlots, Starts, Ranks, Scales, CuSeqlens, SegmentAdapters, Out, out_dim, width, per_row,
-                            max_rank, stride_yt, stride_cs, stride_la, stride_ot, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-                            BLOCK_O: tl.constexpr, PRECISION: tl.constexpr):
+def _expand_segments_kernel(
+    Y,
+    Cache,
+    LoraSlots,
+    Starts,
+    Ranks,
+    Scales,
+    CuSeqlens,
+    SegmentAdapters,
+    Out,
+    out_dim,
+    width,
+    per_row,
+    max_rank,
+    stride_yt,
+    stride_cs,
+    stride_la,
+    stride_ot,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     adapter, rank, start, offs_t, tmask, busy = _segment_block(CuSeqlens, SegmentAdapters, Ranks, max_rank, BLOCK_T)
     if not busy:
         return
@@ -136,15 +217,21 @@ def _expand_segments_kernel(Y, Cache, LoraSlots, Starts, Ranks, Scales, CuSeqlen
     offs_r = tl.arange(0, BLOCK_R)
     rmask = offs_r < rank
     offs_o = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
-    y = tl.load(Y + offs_t[:, None] * stride_yt + offs_r[None, :], mask=tmask[:, None] & rmask[None, :], other=0.0).to(tl.float32)
+    y = tl.load(Y + offs_t[:, None] * stride_yt + offs_r[None, :], mask=tmask[:, None] & rmask[None, :], other=0.0).to(
+        tl.float32
+    )
     for chunk in range(0, per_row):
         slots = _row_slots(LoraSlots, Starts, adapter, stride_la, per_row, chunk, offs_r, rmask)
         omask = (offs_o < width) & (chunk * width + offs_o < out_dim)
-        b = tl.load(Cache + (slots * stride_cs)[:, None] + offs_o[None, :], mask=rmask[:, None] & omask[None, :], other=0.0).to(tl.float32)
+        b = tl.load(
+            Cache + (slots * stride_cs)[:, None] + offs_o[None, :], mask=rmask[:, None] & omask[None, :], other=0.0
+        ).to(tl.float32)
         delta = tl.dot(y, b, input_precision=PRECISION) * scale
         out_ptr = Out + offs_t[:, None] * stride_ot + chunk * width + offs_o[None, :]
         mask = tmask[:, None] & omask[None, :]
-        tl.store(out_ptr, (tl.load(out_ptr, mask=mask, other=0.0).to(tl.float32) + delta).to(Out.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr, (tl.load(out_ptr, mask=mask, other=0.0).to(tl.float32) + delta).to(Out.dtype.element_ty), mask=mask
+        )
 
 
 def _pool_width(cache: torch.Tensor) -> int:
@@ -190,14 +277,31 @@ def lora_shrink(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, adapter_
         return y
     slots, starts, ranks = _rows_args(rows)
     _shrink_kernel[(x.shape[0],)](
-        x, k_cache, slots, starts, ranks, adapter_ids.contiguous(), y, x.shape[1], width, rows.per_row, rows.max_rank,
-        x.stride(0), k_cache.stride(0), slots.stride(0), y.stride(0),
-        BLOCK_R=pow2(rows.max_rank), BLOCK_K=_block(width, 128, gpu_block(pow2(rows.max_rank)), _shrink_kernel), num_warps=4,
+        x,
+        k_cache,
+        slots,
+        starts,
+        ranks,
+        adapter_ids.contiguous(),
+        y,
+        x.shape[1],
+        width,
+        rows.per_row,
+        rows.max_rank,
+        x.stride(0),
+        k_cache.stride(0),
+        slots.stride(0),
+        y.stride(0),
+        BLOCK_R=pow2(rows.max_rank),
+        BLOCK_K=_block(width, 128, gpu_block(pow2(rows.max_rank)), _shrink_kernel),
+        num_warps=4,
     )
     return y
 
 
-def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor, out: torch.Tensor) -> None:
+def lora_expand(
+    y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor, out: torch.Tensor
+) -> None:
     """out[t] += scale(adapter of t) * B(adapter of t) @ y[t], in place. y: [T, max_rank]; out: [T, out_dim]."""
     assert out.stride(-1) == 1, "out must have a contiguous last dimension (it is updated in place)"
     y = last_dim_contiguous(y)
@@ -208,14 +312,36 @@ def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_
     block_o = _block(min(width, out.shape[1]), 128, gpu_block(pow2(rows.max_rank)), _expand_kernel)
     grid = (out.shape[0], triton.cdiv(min(width, out.shape[1]), block_o))
     _expand_kernel[grid](
-        y, v_cache, slots, starts, ranks, rows.scales.contiguous(), adapter_ids.contiguous(), out, out.shape[1], width,
-        rows.per_row, rows.max_rank, y.stride(0), v_cache.stride(0), slots.stride(0), out.stride(0),
-        BLOCK_R=pow2(rows.max_rank), BLOCK_O=block_o, num_warps=4,
+        y,
+        v_cache,
+        slots,
+        starts,
+        ranks,
+        rows.scales.contiguous(),
+        adapter_ids.contiguous(),
+        out,
+        out.shape[1],
+        width,
+        rows.per_row,
+        rows.max_rank,
+        y.stride(0),
+        v_cache.stride(0),
+        slots.stride(0),
+        out.stride(0),
+        BLOCK_R=pow2(rows.max_rank),
+        BLOCK_O=block_o,
+        num_warps=4,
     )
 
 
-def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
+def lora_shrink_segments(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    rows: LoraRows,
+    cu_seqlens: torch.Tensor,
+    segment_adapters: torch.Tensor,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """lora_shrink where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter segment_adapters[b] (-1: none)."""
     x = last_dim_contiguous(x)
     width = _pool_width(k_cache)
@@ -227,16 +353,41 @@ def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows,
     block_t = 16 if interpreted(_shrink_segments_kernel) else GPU_SEGMENT_BLOCK_T
     grid = (triton.cdiv(longest, block_t), len(cu_seqlens) - 1)
     _shrink_segments_kernel[grid](
-        x, k_cache, slots, starts, ranks, cu_seqlens, segment_adapters.contiguous(), y, x.shape[1], width, rows.per_row,
-        rows.max_rank, x.stride(0), k_cache.stride(0), slots.stride(0), y.stride(0),
-        BLOCK_T=block_t, BLOCK_R=pow2(rows.max_rank, 16), BLOCK_K=_block(width, 64, GPU_SEGMENT_BLOCK, _shrink_segments_kernel),
-        DOT_DTYPE=dot_dtype(_shrink_segments_kernel, x.dtype), PRECISION=dot_precision(x.dtype), num_warps=4,
+        x,
+        k_cache,
+        slots,
+        starts,
+        ranks,
+        cu_seqlens,
+        segment_adapters.contiguous(),
+        y,
+        x.shape[1],
+        width,
+        rows.per_row,
+        rows.max_rank,
+        x.stride(0),
+        k_cache.stride(0),
+        slots.stride(0),
+        y.stride(0),
+        BLOCK_T=block_t,
+        BLOCK_R=pow2(rows.max_rank, 16),
+        BLOCK_K=_block(width, 64, GPU_SEGMENT_BLOCK, _shrink_segments_kernel),
+        DOT_DTYPE=dot_dtype(_shrink_segments_kernel, x.dtype),
+        PRECISION=dot_precision(x.dtype),
+        num_warps=4,
     )
     return y
 
 
-def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, out: torch.Tensor, max_seqlen: int | None = None) -> None:
+def lora_expand_segments(
+    y: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: LoraRows,
+    cu_seqlens: torch.Tensor,
+    segment_adapters: torch.Tensor,
+    out: torch.Tensor,
+    max_seqlen: int | None = None,
+) -> None:
     """lora_expand where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter segment_adapters[b] (-1: none)."""
     assert out.stride(-1) == 1, "out must have a contiguous last dimension (it is updated in place)"
     y = last_dim_contiguous(y)
@@ -249,7 +400,26 @@ def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows,
     block_o = _block(min(width, out.shape[1]), 64, GPU_SEGMENT_BLOCK, _expand_segments_kernel)
     grid = (triton.cdiv(longest, block_t), len(cu_seqlens) - 1, triton.cdiv(min(width, out.shape[1]), block_o))
     _expand_segments_kernel[grid](
-        y, v_cache, slots, starts, ranks, rows.scales.contiguous(), cu_seqlens, segment_adapters.contiguous(), out, out.shape[1],
-        width, rows.per_row, rows.max_rank, y.stride(0), v_cache.stride(0), slots.stride(0), out.stride(0),
-        BLOCK_T=block_t, BLOCK_R=pow2(rows.max_rank, 16), BLOCK_O=block_o, PRECISION=dot_precision(out.dtype), num_warps=4,
+        y,
+        v_cache,
+        slots,
+        starts,
+        ranks,
+        rows.scales.contiguous(),
+        cu_seqlens,
+        segment_adapters.contiguous(),
+        out,
+        out.shape[1],
+        width,
+        rows.per_row,
+        rows.max_rank,
+        y.stride(0),
+        v_cache.stride(0),
+        slots.stride(0),
+        out.stride(0),
+        BLOCK_T=block_t,
+        BLOCK_R=pow2(rows.max_rank, 16),
+        BLOCK_O=block_o,
+        PRECISION=dot_precision(out.dtype),
+        num_warps=4,
     )

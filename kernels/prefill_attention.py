@@ -27,10 +27,29 @@ def attend_block(q, k, v, visible, row_max, row_sum, acc, qk_scale, DOT_DTYPE: t
 
 
 @triton.jit
-def _prefill_kernel(Q, K, V, Out, CuSeqlens, qk_scale,
-                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+def _prefill_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    CuSeqlens,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     block_m = tl.program_id(0)
     req = tl.program_id(1)
     head = tl.program_id(2)
@@ -48,7 +67,11 @@ def _prefill_kernel(Q, K, V, Out, CuSeqlens, qk_scale,
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d[None, :] < HEAD_DIM
     rows_mask = (offs_m[:, None] < length) & dmask
-    q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows_mask, other=0.0).to(tl.float32).to(DOT_DTYPE)
+    q = (
+        tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :], mask=rows_mask, other=0.0)
+        .to(tl.float32)
+        .to(DOT_DTYPE)
+    )
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -84,8 +107,14 @@ def _tiles(q: torch.Tensor, head_dim: int) -> dict:
     return gpu_tiles(head_dim, capability(q.device.index or 0)[0] >= 9, q.dtype == torch.float32)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-                      max_seqlen: int | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """Causal attention within each request of a ragged batch (no padding).
 
     q: [T, Hq, D]; k, v: [T, Hk, D]; cu_seqlens: [B + 1] offsets of each request's tokens.
@@ -100,9 +129,25 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     tiles = _tiles(q, head_dim)
     grid = (triton.cdiv(longest, tiles["BLOCK_M"]), len(cu_seqlens) - 1, q_heads)
     _prefill_kernel[grid](
-        q, k, v, out, cu_seqlens, scale * LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16),
-        DOT_DTYPE=dot_dtype(_prefill_kernel, q.dtype), PRECISION=dot_precision(q.dtype), **tiles,
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP=q_heads // k.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_D=pow2(head_dim, 16),
+        DOT_DTYPE=dot_dtype(_prefill_kernel, q.dtype),
+        PRECISION=dot_precision(q.dtype),
+        **tiles,
     )
     return out

@@ -19,11 +19,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T],
     inv_freq: [D/2] fp32, the model's (possibly scaled) inverse frequencies."""
     d = q.shape[-1]
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(device=q.device, dtype=torch.float32)[None, :]  # [T, D/2]
+    angles = (
+        positions.to(torch.float32)[:, None] * inv_freq.to(device=q.device, dtype=torch.float32)[None, :]
+    )  # [T, D/2]
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -33,14 +37,22 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, 
     return rotate(q), rotate(k)
 
 
-def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+def kv_scatter(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Write each token's K and V into its pool slot. k, v: [T, Hk, D]; slots: [T] (int64)."""
     k_cache[slots] = k.to(k_cache.dtype)
     v_cache[slots] = v.to(v_cache.dtype)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-                      max_seqlen: int | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """Causal attention within each request of a ragged batch (no padding).
 
     q: [T, Hq, D]; k, v: [T, Hk, D]; cu_seqlens: [B + 1] offsets of each request's tokens.
@@ -60,8 +72,16 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     return out
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, slot_table: torch.Tensor,
-                     cached_lens: torch.Tensor, scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_table: torch.Tensor,
+    cached_lens: torch.Tensor,
+    scale: float,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """Prefill of requests whose first tokens already have K/V in the pool (a prefix-cache hit, or none).
 
     Request b computes only its new tokens cu_seqlens[b]:cu_seqlens[b + 1] (q: [T, Hq, D]), at positions
@@ -84,7 +104,14 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One new token per request attends over its cached K/V, read through its slot list.
 
     q: [B, Hq, D]; slot_table: [B, max_len] (entries past seq_lens[b] are ignored); seq_lens: [B].
@@ -123,7 +150,9 @@ def lora_rows(cache: torch.Tensor, rows: LoraRows, length: int) -> torch.Tensor:
     """Every adapter's rows as [A, max_rank, length] from one pool buffer; rows past an adapter's rank are 0."""
     width = cache.shape[1] * cache.shape[2]
     i = torch.arange(rows.max_rank, device=rows.slots.device)
-    index = rows.starts[:, None, None] + i[None, :, None] * rows.per_row + torch.arange(rows.per_row, device=i.device)  # [A, r, per_row]
+    index = (
+        rows.starts[:, None, None] + i[None, :, None] * rows.per_row + torch.arange(rows.per_row, device=i.device)
+    )  # [A, r, per_row]
     valid = i[None, :] < rows.ranks[:, None]  # [A, r]
     slots = rows.slots.gather(1, index.clamp(0, rows.slots.shape[1] - 1).flatten(1)).view(index.shape)
     gathered = cache.reshape(cache.shape[0], width)[slots].reshape(*slots.shape[:2], rows.per_row * width)[..., :length]
@@ -140,7 +169,9 @@ def lora_shrink(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, adapter_
     return y
 
 
-def lora_expand(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor, out: torch.Tensor) -> None:
+def lora_expand(
+    y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, adapter_ids: torch.Tensor, out: torch.Tensor
+) -> None:
     """out[t] += scale(adapter of t) * B(adapter of t) @ y[t], in place. y: [T, max_rank]; out: [T, out_dim]."""
     b = lora_rows(v_cache, rows, out.shape[1]).float()  # [A, r, out]
     for adapter in _used_adapters(adapter_ids):
@@ -158,14 +189,27 @@ def segment_adapter_ids(cu_seqlens: torch.Tensor, segment_adapters: torch.Tensor
     return segment_adapters.repeat_interleave(cu_seqlens[1:] - cu_seqlens[:-1])
 
 
-def lora_shrink_segments(x: torch.Tensor, k_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
+def lora_shrink_segments(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    rows: LoraRows,
+    cu_seqlens: torch.Tensor,
+    segment_adapters: torch.Tensor,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """lora_shrink for a prefill batch: request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] use adapter
     segment_adapters[b] (-1: none). cu_seqlens[-1] == T. max_seqlen as in prefill_attention."""
     return lora_shrink(x, k_cache, rows, segment_adapter_ids(cu_seqlens, segment_adapters))
 
 
-def lora_expand_segments(y: torch.Tensor, v_cache: torch.Tensor, rows: LoraRows, cu_seqlens: torch.Tensor,
-                         segment_adapters: torch.Tensor, out: torch.Tensor, max_seqlen: int | None = None) -> None:
+def lora_expand_segments(
+    y: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: LoraRows,
+    cu_seqlens: torch.Tensor,
+    segment_adapters: torch.Tensor,
+    out: torch.Tensor,
+    max_seqlen: int | None = None,
+) -> None:
     """lora_expand for a prefill batch, one adapter per request segment (see lora_shrink_segments)."""
     lora_expand(y, v_cache, rows, segment_adapter_ids(cu_seqlens, segment_adapters), out)

@@ -27,5 +27,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return out
     block = pow2(hidden)
     num_warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    _rms_norm_kernel[(tokens,)](x, weight.contiguous(), out, hidden, x.stride(0), out.stride(0), eps, BLOCK=block, num_warps=num_warps)
+    _rms_norm_kernel[(tokens,)](
+        x, weight.contiguous(), out, hidden, x.stride(0), out.stride(0), eps, BLOCK=block, num_warps=num_warps
+    )
     return out

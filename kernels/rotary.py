@@ -8,8 +8,20 @@ from ._launch import last_dim_contiguous, pow2
 
 
 @triton.jit
-def _rotary_kernel(X, Pos, InvFreq, Out, heads, stride_xt, stride_xh, stride_ot, stride_oh,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(
+    X,
+    Pos,
+    InvFreq,
+    Out,
+    heads,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
     offs_f = tl.arange(0, BLOCK_HALF)
@@ -32,12 +44,27 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) ->
     out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     if tokens:
         half = head_dim // 2
-        _rotary_kernel[(tokens,)](x, positions, inv_freq, out, heads, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                                  HALF=half, BLOCK_H=pow2(heads), BLOCK_HALF=pow2(half), num_warps=4)
+        _rotary_kernel[(tokens,)](
+            x,
+            positions,
+            inv_freq,
+            out,
+            heads,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            HALF=half,
+            BLOCK_H=pow2(heads),
+            BLOCK_HALF=pow2(half),
+            num_warps=4,
+        )
     return out
 
 
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's rotary embedding (rotate-half convention). q: [T, Hq, D], k: [T, Hk, D], positions: [T],
     inv_freq: [D/2], the model's (possibly scaled) inverse frequencies; no copy when already fp32 on q's device."""
     inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()

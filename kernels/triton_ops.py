@@ -9,6 +9,14 @@ from .rmsnorm import rms_norm
 from .rotary import rotary_embedding
 
 __all__ = [
-    "decode_attention", "extend_attention", "kv_scatter", "lora_expand", "lora_expand_segments", "lora_shrink", "lora_shrink_segments",
-    "prefill_attention", "rms_norm", "rotary_embedding",
+    "decode_attention",
+    "extend_attention",
+    "kv_scatter",
+    "lora_expand",
+    "lora_expand_segments",
+    "lora_shrink",
+    "lora_shrink_segments",
+    "prefill_attention",
+    "rms_norm",
+    "rotary_embedding",
 ]

@@ -39,7 +39,9 @@ def decode_tokens_per_s(backend: LlamaBackend, memory: MemoryManager, batch: int
     return batch * steps / elapsed
 
 
-def prefill_tokens_per_s(backend: LlamaBackend, memory: MemoryManager, prompt: int, total_tokens: int, repeats: int = 3) -> float:
+def prefill_tokens_per_s(
+    backend: LlamaBackend, memory: MemoryManager, prompt: int, total_tokens: int, repeats: int = 3
+) -> float:
     batch = max(1, total_tokens // prompt)
     times = []
     for k in range(repeats + 1):  # the first is a warm-up
@@ -72,7 +74,9 @@ def attention_bandwidth(backend: LlamaBackend, batch: int, context: int, iters: 
     backend._sync()
     seconds = (time.perf_counter() - start) / iters
     element = k_cache.element_size()
-    moved = 2 * batch * context * spec.kv_width * element + table.numel() * table.element_size() + 2 * q.numel() * element
+    moved = (
+        2 * batch * context * spec.kv_width * element + table.numel() * table.element_size() + 2 * q.numel() * element
+    )
     return {"batch": batch, "context": context, "us_per_call": seconds * 1e6, "gb_per_s": moved / seconds / 1e9}
 
 
@@ -99,11 +103,21 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     memory = MemoryManager(TokenPool(pool), 0)
     report = {
-        "backend": args.backend, "model": args.model, "dtype": str(backend.model.weights.embed.dtype), "device": str(backend.device),
-        "gpu": torch.cuda.get_device_name(backend.device) if backend.device.type == "cuda" else platform.processor() or platform.machine(),
-        "params": backend.spec.num_params, "load_and_warmup_s": load_s, "prompt": args.prompt, "decode_steps": args.steps,
+        "backend": args.backend,
+        "model": args.model,
+        "dtype": str(backend.model.weights.embed.dtype),
+        "device": str(backend.device),
+        "gpu": torch.cuda.get_device_name(backend.device)
+        if backend.device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "params": backend.spec.num_params,
+        "load_and_warmup_s": load_s,
+        "prompt": args.prompt,
+        "decode_steps": args.steps,
         "decode_tokens_per_s": {b: decode_tokens_per_s(backend, memory, b, args.prompt, args.steps) for b in batches},
-        "prefill_tokens_per_s": {n: prefill_tokens_per_s(backend, memory, n, args.prefill_tokens) for n in (128, args.prompt)},
+        "prefill_tokens_per_s": {
+            n: prefill_tokens_per_s(backend, memory, n, args.prefill_tokens) for n in (128, args.prompt)
+        },
         "decode_attention": [attention_bandwidth(backend, b, args.prompt + args.steps) for b in batches],
     }
     print(json.dumps(report, indent=1))

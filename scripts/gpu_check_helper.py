@@ -27,8 +27,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PEAK_GBPS = 4800.0  # H200 HBM3e
 BANDWIDTH_TARGET = 0.60  # decode attention: at least this fraction of the peak
-RESULT_FILES = ("summary.json", "summary.txt", "logs.txt", "kernel_bench.json", "model_bench.json", "profile.json",
-                "run_vtc.jsonl", "run_fcfs.jsonl")  # everything the check leaves in its result folder (at most 8)
+RESULT_FILES = (
+    "summary.json",
+    "summary.txt",
+    "logs.txt",
+    "kernel_bench.json",
+    "model_bench.json",
+    "profile.json",
+    "run_vtc.jsonl",
+    "run_fcfs.jsonl",
+)  # everything the check leaves in its result folder (at most 8)
 REQUIRED = ("torch", "triton", "numpy", "pandas", "pytest", "safetensors")
 REPORTED = (*REQUIRED, "transformers", "matplotlib", "hypothesis", "peft", "tqdm", "setuptools", "pip")
 NO_GPU = 3
@@ -47,9 +55,15 @@ def read_json(path: str | Path):
 
 # ---------------------------------------------------------------- environment
 
+
 def cmd_environment(args) -> int:
-    info: dict = {"python": sys.executable, "python_version": platform.python_version(), "machine": platform.machine(),
-                  "dry_run": args.dry_run, "packages": {}}
+    info: dict = {
+        "python": sys.executable,
+        "python_version": platform.python_version(),
+        "machine": platform.machine(),
+        "dry_run": args.dry_run,
+        "packages": {},
+    }
     for name in REPORTED:
         try:
             info["packages"][name] = metadata.version(name)
@@ -62,10 +76,16 @@ def cmd_environment(args) -> int:
         no_gpu.append("nvidia-smi is not on PATH")
     else:
         try:
-            done = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=30)
+            done = subprocess.run(
+                [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if done.returncode:
-                no_gpu.append(f"nvidia-smi failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[:300]}")
+                no_gpu.append(
+                    f"nvidia-smi failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[:300]}"
+                )
             else:
                 info["nvidia_smi"] = done.stdout.strip()
         except subprocess.TimeoutExpired:
@@ -80,7 +100,9 @@ def cmd_environment(args) -> int:
             info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
             info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
         else:
-            no_gpu.append(f"torch.cuda.is_available() is False (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+            no_gpu.append(
+                f"torch.cuda.is_available() is False (torch {torch.__version__}, built for CUDA {torch.version.cuda})"
+            )
     except Exception as error:  # a broken torch is reported like a missing one
         no_gpu.append(f"torch does not import: {type(error).__name__}: {error}")
     info["no_gpu"] = no_gpu
@@ -159,7 +181,14 @@ def _python_env(pythonpath: str) -> dict:
 def _imports_this_checkout(pythonpath: str) -> tuple[bool, str]:
     """Whether slora_vtc and slora_vtc_kernels import, from another folder, out of this repository."""
     with tempfile.TemporaryDirectory() as cwd:
-        done = subprocess.run([sys.executable, "-c", VERIFY], cwd=cwd, env=_python_env(pythonpath), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", VERIFY],
+            cwd=cwd,
+            env=_python_env(pythonpath),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     if done.returncode:
         return False, (done.stderr.strip().splitlines() or ["?"])[-1]
     paths = json.loads(done.stdout.strip().splitlines()[-1])
@@ -169,7 +198,9 @@ def _imports_this_checkout(pythonpath: str) -> tuple[bool, str]:
 
 
 def _has_module(name: str, pythonpath: str) -> bool:
-    done = subprocess.run([sys.executable, "-c", f"import {name}"], env=_python_env(pythonpath), capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {name}"], env=_python_env(pythonpath), capture_output=True, timeout=60
+    )
     return done.returncode == 0
 
 
@@ -184,11 +215,23 @@ def cmd_install(args) -> int:
         record["shims"].append("tqdm (not installed: a stand-in without progress bars)")
         print(f"tqdm is missing: a stand-in in {shim}/tqdm", flush=True)
     if args.mode in ("auto", "pip"):
-        command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation", "-e", str(REPO)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "-e",
+            str(REPO),
+        ]
         print("$ " + " ".join(command), flush=True)
         try:
             done = subprocess.run(command, cwd=REPO, timeout=args.pip_timeout)
-            ok, detail = _imports_this_checkout(str(shim)) if done.returncode == 0 else (False, f"pip exit {done.returncode}")
+            ok, detail = (
+                _imports_this_checkout(str(shim)) if done.returncode == 0 else (False, f"pip exit {done.returncode}")
+            )
         except subprocess.TimeoutExpired:
             ok, detail = False, f"pip ran past {args.pip_timeout} s"
         if ok:
@@ -215,6 +258,7 @@ def cmd_install(args) -> int:
 
 # ---------------------------------------------------------------- tests
 
+
 def junit_counts(path: str | Path, dry_run: bool = False) -> dict:
     """Test outcomes; CUDA ones counted apart (none in a dry run: the model test then runs on the CPU)."""
     counts = dict(tests=0, passed=0, failed=0, skipped=0, cuda_passed=0, cuda_skipped=0, failures=[])
@@ -239,13 +283,26 @@ def junit_counts(path: str | Path, dry_run: bool = False) -> dict:
 
 
 def test_counts(counts: dict) -> str:
-    where = ("the CUDA variants skipped: a dry run, in the Triton interpreter" if counts.get("dry_run")
-             else f"on CUDA: {counts['cuda_passed']} passed, {counts['cuda_skipped']} skipped")
+    where = (
+        "the CUDA variants skipped: a dry run, in the Triton interpreter"
+        if counts.get("dry_run")
+        else f"on CUDA: {counts['cuda_passed']} passed, {counts['cuda_skipped']} skipped"
+    )
     return f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped ({where})"
 
 
 def cmd_tests(args) -> int:
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={args.junit}", *args.pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={args.junit}",
+        *args.pytest_args,
+    ]
     print("$ " + " ".join(command), flush=True)
     rc = subprocess.run(command, cwd=REPO).returncode
     counts = junit_counts(args.junit, args.dry_run)
@@ -262,6 +319,7 @@ def cmd_tests(args) -> int:
 
 # ---------------------------------------------------------------- kernel benchmark
 
+
 def decode_headline(report: dict, peak_gbps: float) -> dict | None:
     """The best decode attention case (default tiles) as a fraction of the peak, against the target."""
     cases = [c for c in report.get("decode", []) if isinstance(c, dict) and "gbps" in c]
@@ -269,9 +327,15 @@ def decode_headline(report: dict, peak_gbps: float) -> dict | None:
         return None
     best = max(cases, key=lambda c: c["gbps"])
     fraction = best["gbps"] / peak_gbps
-    return {"case": best["case"], "gbps": best["gbps"], "peak_gbps": peak_gbps, "fraction_of_peak": round(fraction, 3),
-            "target": f">= {BANDWIDTH_TARGET:.2f}", "target_met": fraction >= BANDWIDTH_TARGET,
-            "by_case": {c["case"]: round(c["gbps"] / peak_gbps, 3) for c in cases}}
+    return {
+        "case": best["case"],
+        "gbps": best["gbps"],
+        "peak_gbps": peak_gbps,
+        "fraction_of_peak": round(fraction, 3),
+        "target": f">= {BANDWIDTH_TARGET:.2f}",
+        "target_met": fraction >= BANDWIDTH_TARGET,
+        "by_case": {c["case"]: round(c["gbps"] / peak_gbps, 3) for c in cases},
+    }
 
 
 def tiny_kernel_bench(out: str, peak_gbps: float) -> dict:
@@ -279,6 +343,7 @@ def tiny_kernel_bench(out: str, peak_gbps: float) -> dict:
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     import triton
+
     from slora_vtc_kernels import bench, ops
     from slora_vtc_kernels import reference as ref
 
@@ -293,8 +358,16 @@ def tiny_kernel_bench(out: str, peak_gbps: float) -> dict:
     bench.DEVICE, bench.HEAD_DIM, bench.PREFILL_HEADS, bench.time_ms = "cpu", 32, 2, cpu_time_ms
     args = argparse.Namespace(warmup=1, iters=2, peak_gbps=peak_gbps)
     triton_ops, gen = ops("triton"), torch.Generator().manual_seed(0)
-    report = dict(device="cpu (Triton interpreter)", dry_run=True, torch=torch.__version__, triton=triton.__version__,
-                  peak_gbps=peak_gbps, decode=[], decode_sweep=[], prefill=[])
+    report = dict(
+        device="cpu (Triton interpreter)",
+        dry_run=True,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        peak_gbps=peak_gbps,
+        decode=[],
+        decode_sweep=[],
+        prefill=[],
+    )
     for case in (("tiny_b2_ctx16", 2, 16, 4, 4), ("tiny_gqa_b2_ctx16", 2, 16, 4, 2)):
         result, _ = bench.bench_decode(triton_ops, ref, case, args, gen, sweep=False)
         report["decode"].append(result)
@@ -308,7 +381,16 @@ def cmd_kernel_bench(args) -> int:
         report = tiny_kernel_bench(args.out, args.peak_gbps)
     else:
         os.environ["TRITON_INTERPRET"] = "0"
-        command = [sys.executable, "-m", "slora_vtc_kernels.bench", "--peak-gbps", str(args.peak_gbps), "--out", args.out, *args.bench_args]
+        command = [
+            sys.executable,
+            "-m",
+            "slora_vtc_kernels.bench",
+            "--peak-gbps",
+            str(args.peak_gbps),
+            "--out",
+            args.out,
+            *args.bench_args,
+        ]
         print("$ " + " ".join(command), flush=True)
         rc = subprocess.run(command, cwd=REPO).returncode
         if rc:
@@ -316,16 +398,22 @@ def cmd_kernel_bench(args) -> int:
         report = read_json(args.out) or {}
     headline = decode_headline(report, args.peak_gbps)
     if headline is None:
-        print(f"gpu_check: the kernel benchmark measured no decode attention case: {report.get('skipped', 'no result')}", file=sys.stderr)
+        print(
+            f"gpu_check: the kernel benchmark measured no decode attention case: {report.get('skipped', 'no result')}",
+            file=sys.stderr,
+        )
         return 1
     errors = {c["case"]: c.get("max_abs_err") for c in report["decode"] + report.get("prefill", [])}
-    print(f"decode attention: {headline['gbps']} GB/s = {headline['fraction_of_peak']:.2f} of {args.peak_gbps:.0f} GB/s "
-          f"({headline['case']}); target {headline['target']}: {'met' if headline['target_met'] else 'NOT met'}")
+    print(
+        f"decode attention: {headline['gbps']} GB/s = {headline['fraction_of_peak']:.2f} of {args.peak_gbps:.0f} GB/s "
+        f"({headline['case']}); target {headline['target']}: {'met' if headline['target_met'] else 'NOT met'}"
+    )
     print(f"max abs error against the torch reference: {errors}")
     return 0
 
 
 # ---------------------------------------------------------------- report
+
 
 def read_steps(work: Path) -> list[dict]:
     steps = []
@@ -335,8 +423,16 @@ def read_steps(work: Path) -> list[dict]:
         return steps
     for line in lines:
         name, status, rc, seconds, limit = (line.split("\t") + [""] * 5)[:5]
-        steps.append(dict(name=name, status=status, passed=status == "passed", rc=int(rc) if rc.lstrip("-").isdigit() else None,
-                          seconds=int(seconds) if seconds.isdigit() else None, limit_s=int(limit) if limit.isdigit() else None))
+        steps.append(
+            dict(
+                name=name,
+                status=status,
+                passed=status == "passed",
+                rc=int(rc) if rc.lstrip("-").isdigit() else None,
+                seconds=int(seconds) if seconds.isdigit() else None,
+                limit_s=int(limit) if limit.isdigit() else None,
+            )
+        )
     return steps
 
 
@@ -361,9 +457,17 @@ def run_summary(path: Path) -> dict | None:
         times = c.pop("first_token_s")
         c["mean_first_token_s"] = round(sum(times) / len(times), 3) if times else None
     config = run.get("config", {})
-    return {"scheduler": config.get("scheduler"), "backend": config.get("backend"), "model": config.get("model"),
-            "suite": config.get("suite"), "duration": config.get("duration"), "total_time_s": round(run["result"]["total_time"], 2),
-            "requests": len(responses), "finished": sum(c["finished"] for c in clients.values()), "clients": dict(sorted(clients.items()))}
+    return {
+        "scheduler": config.get("scheduler"),
+        "backend": config.get("backend"),
+        "model": config.get("model"),
+        "suite": config.get("suite"),
+        "duration": config.get("duration"),
+        "total_time_s": round(run["result"]["total_time"], 2),
+        "requests": len(responses),
+        "finished": sum(c["finished"] for c in clients.values()),
+        "clients": dict(sorted(clients.items())),
+    }
 
 
 def profile_summary(path: Path) -> dict | None:
@@ -375,70 +479,133 @@ def profile_summary(path: Path) -> dict | None:
         points = load_profile(path)
     except Exception as error:  # recorded, not raised: the report always gets written
         return {"loads": False, "error": f"{type(error).__name__}: {error}"}
-    return {"loads": True, "points": len(points),
-            "grid": [[p.input_len, p.output_len, p.batch_size, round(1000 * p.prefill_s, 3), round(1000 * p.decode_s, 3)] for p in points],
-            "grid_columns": ["input", "output", "batch", "prefill_ms_per_request", "decode_ms_per_request"]}
+    return {
+        "loads": True,
+        "points": len(points),
+        "grid": [
+            [p.input_len, p.output_len, p.batch_size, round(1000 * p.prefill_s, 3), round(1000 * p.decode_s, 3)]
+            for p in points
+        ],
+        "grid_columns": ["input", "output", "batch", "prefill_ms_per_request", "decode_ms_per_request"],
+    }
 
 
 def model_bench_summary(report: dict | None, peak_gbps: float) -> dict | None:
     if not report:
         return None
-    attention = [{**a, "fraction_of_peak": round(a["gb_per_s"] / peak_gbps, 3)} for a in report.get("decode_attention", [])]
-    keep = ("backend", "model", "dtype", "gpu", "params", "load_and_warmup_s", "prompt", "decode_steps", "decode_tokens_per_s", "prefill_tokens_per_s")
+    attention = [
+        {**a, "fraction_of_peak": round(a["gb_per_s"] / peak_gbps, 3)} for a in report.get("decode_attention", [])
+    ]
+    keep = (
+        "backend",
+        "model",
+        "dtype",
+        "gpu",
+        "params",
+        "load_and_warmup_s",
+        "prompt",
+        "decode_steps",
+        "decode_tokens_per_s",
+        "prefill_tokens_per_s",
+    )
     return {**{k: report.get(k) for k in keep}, "decode_attention": attention}
 
 
 def text_report(summary: dict) -> str:
     env, res = summary.get("environment") or {}, summary["results"]
     packages = env.get("packages", {})
-    lines = [f"gpu_check {summary['started']}  git {summary['git']}  "
-             + ("DRY RUN on the CPU: tiny sizes, the numbers mean nothing" if summary["dry_run"] else "GPU run"),
-             f"python {env.get('python_version', '?')} ({env.get('python', '?')}): "
-             + ", ".join(f"{k} {packages.get(k) or '-'}" for k in ("torch", "triton", "transformers")),
-             f"gpu: {env.get('gpu') or env.get('nvidia_smi') or '; '.join(env.get('no_gpu', [])) or '?'}",
-             f"install: {(summary.get('install') or {}).get('method') or '?'}"
-             + "".join(f"; shim: {s}" for s in (summary.get("install") or {}).get("shims", [])), "",
-             f"{'step':18s} {'status':30s} {'seconds':>7s} {'limit':>6s}"]
+    lines = [
+        f"gpu_check {summary['started']}  git {summary['git']}  "
+        + ("DRY RUN on the CPU: tiny sizes, the numbers mean nothing" if summary["dry_run"] else "GPU run"),
+        f"python {env.get('python_version', '?')} ({env.get('python', '?')}): "
+        + ", ".join(f"{k} {packages.get(k) or '-'}" for k in ("torch", "triton", "transformers")),
+        f"gpu: {env.get('gpu') or env.get('nvidia_smi') or '; '.join(env.get('no_gpu', [])) or '?'}",
+        f"install: {(summary.get('install') or {}).get('method') or '?'}"
+        + "".join(f"; shim: {s}" for s in (summary.get("install") or {}).get("shims", [])),
+        "",
+        f"{'step':18s} {'status':30s} {'seconds':>7s} {'limit':>6s}",
+    ]
     for s in summary["steps"]:
-        lines.append(f"{s['name']:18s} {s['status']:30s} {s['seconds'] if s['seconds'] is not None else '':>7} {s['limit_s'] or '':>6}")
+        lines.append(
+            f"{s['name']:18s} {s['status']:30s} {s['seconds'] if s['seconds'] is not None else '':>7} {s['limit_s'] or '':>6}"
+        )
     lines += ["", "results"]
     if res.get("decode_attention"):
         h = res["decode_attention"]
-        lines.append(f"  decode attention (kernel bench): {h['gbps']} GB/s = {h['fraction_of_peak']:.3f} of {h['peak_gbps']:.0f} GB/s "
-                     f"({h['case']}); target {h['target']}: {'met' if h['target_met'] else 'NOT met'}")
+        lines.append(
+            f"  decode attention (kernel bench): {h['gbps']} GB/s = {h['fraction_of_peak']:.3f} of {h['peak_gbps']:.0f} GB/s "
+            f"({h['case']}); target {h['target']}: {'met' if h['target_met'] else 'NOT met'}"
+        )
     mb = res.get("model_bench")
     if mb:
-        lines.append(f"  {mb['model']} ({mb['backend']}, {mb['dtype']}) decode tokens/s by batch: "
-                     + ", ".join(f"{b}: {v:.0f}" for b, v in (mb.get("decode_tokens_per_s") or {}).items()))
-        lines.append(f"  {mb['model']} prefill tokens/s by prompt length: "
-                     + ", ".join(f"{n}: {v:.0f}" for n, v in (mb.get("prefill_tokens_per_s") or {}).items()))
-        lines.append("  decode attention through the backend: "
-                     + ", ".join(f"batch {a['batch']}: {a['gb_per_s']:.0f} GB/s ({a['fraction_of_peak']:.2f})" for a in mb["decode_attention"]))
+        lines.append(
+            f"  {mb['model']} ({mb['backend']}, {mb['dtype']}) decode tokens/s by batch: "
+            + ", ".join(f"{b}: {v:.0f}" for b, v in (mb.get("decode_tokens_per_s") or {}).items())
+        )
+        lines.append(
+            f"  {mb['model']} prefill tokens/s by prompt length: "
+            + ", ".join(f"{n}: {v:.0f}" for n, v in (mb.get("prefill_tokens_per_s") or {}).items())
+        )
+        lines.append(
+            "  decode attention through the backend: "
+            + ", ".join(
+                f"batch {a['batch']}: {a['gb_per_s']:.0f} GB/s ({a['fraction_of_peak']:.2f})"
+                for a in mb["decode_attention"]
+            )
+        )
     tests = res.get("kernel_tests")
     if tests:
         lines.append(f"  kernel tests: {test_counts(tests)}")
     prof = res.get("profile")
     if prof:
-        lines.append(f"  profile: {prof['points']} points, loads with slora_vtc.profile.load_profile" if prof["loads"] else f"  profile: does not load: {prof['error']}")
+        lines.append(
+            f"  profile: {prof['points']} points, loads with slora_vtc.profile.load_profile"
+            if prof["loads"]
+            else f"  profile: does not load: {prof['error']}"
+        )
     for name in ("run_vtc", "run_fcfs"):
         run = res.get(name)
         if run and "error" not in run:
-            lines.append(f"  {name}: {run['finished']}/{run['requests']} finished in {run['total_time_s']} s ({run['backend']}, {run['model']}); "
-                         + ", ".join(f"{c}: {v['output_tokens']} tokens out, first token {v['mean_first_token_s']} s" for c, v in run["clients"].items()))
+            lines.append(
+                f"  {name}: {run['finished']}/{run['requests']} finished in {run['total_time_s']} s ({run['backend']}, {run['model']}); "
+                + ", ".join(
+                    f"{c}: {v['output_tokens']} tokens out, first token {v['mean_first_token_s']} s"
+                    for c, v in run["clients"].items()
+                )
+            )
         elif run:
             lines.append(f"  {name}: unreadable ({run['error']})")
-    lines += ["", f"total {summary['total_s']} s of a {summary['budget_s']} s budget; {'all steps passed' if summary['all_passed'] else 'SOME STEPS FAILED'}"
-              + ("" if summary["final"] else " (still running)"),
-              f"files: {', '.join(summary['files'])}"
-              + (f"  WARNING: {len(summary['files'])} files, only 8 come back from the GPU machine" if len(summary["files"]) > 8 else "")]
+    lines += [
+        "",
+        f"total {summary['total_s']} s of a {summary['budget_s']} s budget; {'all steps passed' if summary['all_passed'] else 'SOME STEPS FAILED'}"
+        + ("" if summary["final"] else " (still running)"),
+        f"files: {', '.join(summary['files'])}"
+        + (
+            f"  WARNING: {len(summary['files'])} files, only 8 come back from the GPU machine"
+            if len(summary["files"]) > 8
+            else ""
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
 def cmd_report(args) -> int:
     work, dest = Path(args.work), Path(args.dest)
     recorded = {s["name"]: s for s in read_steps(work)}
-    steps = [recorded.get(name, dict(name=name, status=args.not_run if args.final else "pending", passed=False, rc=None, seconds=None, limit_s=None))
-             for name in args.steps.split(",")]
+    steps = [
+        recorded.get(
+            name,
+            dict(
+                name=name,
+                status=args.not_run if args.final else "pending",
+                passed=False,
+                rc=None,
+                seconds=None,
+                limit_s=None,
+            ),
+        )
+        for name in args.steps.split(",")
+    ]
     steps += [s for name, s in recorded.items() if name not in args.steps.split(",")]
     with (dest / "logs.txt").open("w") as logs:  # every step's output, in order
         for s in steps:
@@ -454,10 +621,16 @@ def cmd_report(args) -> int:
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     kernel_bench = read_json(dest / "kernel_bench.json")
     summary = {
-        "dry_run": args.dry_run, "final": args.final, "started": args.started, "git": git.stdout.strip() or "?",
-        "budget_s": args.budget, "total_s": int(time.time()) - int(args.start_epoch),
+        "dry_run": args.dry_run,
+        "final": args.final,
+        "started": args.started,
+        "git": git.stdout.strip() or "?",
+        "budget_s": args.budget,
+        "total_s": int(time.time()) - int(args.start_epoch),
         "all_passed": all(s["passed"] or s["status"] == "skipped" for s in steps),
-        "steps": steps, "environment": read_json(work / "environment.json"), "install": read_json(work / "install.json"),
+        "steps": steps,
+        "environment": read_json(work / "environment.json"),
+        "install": read_json(work / "install.json"),
         "results": {
             "decode_attention": decode_headline(kernel_bench, args.peak_gbps) if kernel_bench else None,
             "model_bench": model_bench_summary(read_json(dest / "model_bench.json"), args.peak_gbps),

@@ -31,11 +31,22 @@ MIN_REQUESTS = 20  # per-client latency is compared for clients with at least th
 TOKENS = LinearCost(1.0, 1.0)  # prompt + output tokens, to measure a steady-state token rate
 
 
-def replay(model: StepTimeModel, measured: RunResult, scheduler: str, pool_tokens: int = 10_000, added_tokens: int = ADDED_TOKENS) -> RunResult:
+def replay(
+    model: StepTimeModel,
+    measured: RunResult,
+    scheduler: str,
+    pool_tokens: int = 10_000,
+    added_tokens: int = ADDED_TOKENS,
+) -> RunResult:
     """The measured run's own requests (clients, lengths, send times) served by the simulator."""
     workload = workload_from_result("measured", measured)
     requests = workload.requests(added_tokens)
-    total = serve_requests(requests, build_scheduler(scheduler, list(workload.clients)), EngineConfig(pool_tokens=pool_tokens), SimBackend(model))
+    total = serve_requests(
+        requests,
+        build_scheduler(scheduler, list(workload.clients)),
+        EngineConfig(pool_tokens=pool_tokens),
+        SimBackend(model),
+    )
     return RunResult.of({"duration": workload.duration}, requests, total)
 
 
@@ -97,12 +108,14 @@ def compare(model: StepTimeModel, measured: RunResult, scheduler: str, added_tok
     duration = float(measured.config.get("duration", measured.array("req_time").max()))
     return Comparison(
         (metrics.throughput(measured), metrics.throughput(simulated)),
-        {c: (metrics.mean_response_time(measured, c), metrics.mean_response_time(simulated, c)) for c in measured.clients
-         if (measured.array("client") == c).sum() >= MIN_REQUESTS},
+        {
+            c: (metrics.mean_response_time(measured, c), metrics.mean_response_time(simulated, c))
+            for c in measured.clients
+            if (measured.array("client") == c).sum() >= MIN_REQUESTS
+        },
         {c: (m, s) for c, m, s in zip(measured.clients, *(_shares(r, duration) for r in (measured, simulated)))},
         simulated,
     )
-
 
 
 def _shares(result: RunResult, until: float) -> list[float]:

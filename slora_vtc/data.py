@@ -25,7 +25,11 @@ def data_file(name: str) -> Path:
     """A shipped data file; a UserError names it when it is missing."""
     path = data_root() / name
     if not path.exists():
-        hint = " ($SLORA_VTC_DATA is set: it must hold the repository's data layout)" if os.environ.get("SLORA_VTC_DATA") else ""
+        hint = (
+            " ($SLORA_VTC_DATA is set: it must hold the repository's data layout)"
+            if os.environ.get("SLORA_VTC_DATA")
+            else ""
+        )
         raise UserError(f"{path} is missing: it ships with the repository{hint}")
     return path
 

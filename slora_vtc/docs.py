@@ -35,7 +35,15 @@ SOURCES = {
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
-DOCS = ("README.md", "paper_repro.md", "benchmarks/README.md", "docs/design.md", "docs/extending.md", "docs/beyond.md", "docs/gateway.md")
+DOCS = (
+    "README.md",
+    "paper_repro.md",
+    "benchmarks/README.md",
+    "docs/design.md",
+    "docs/extending.md",
+    "docs/beyond.md",
+    "docs/gateway.md",
+)
 
 NUMBER = re.compile(r"<!--n:(?P<key>[^>|]+?)(?:\|(?P<fmt>[^>]*))?-->(?P<text>.*?)<!--/n-->", re.S)
 INCLUDE = re.compile(r"(?P<open><!--include:(?P<path>[^>]+?)-->\n)(?P<text>.*?)(?P<close><!--/include-->)", re.S)
@@ -54,7 +62,9 @@ class Numbers:
             raise UserError(f"{where}: number '{key}' names no source (known: {', '.join(SOURCES)})")
         value = self._file(source)
         for part in path.split("/"):
-            if isinstance(value, dict) and part not in value and "value" in value:  # the paper's entries: descend into the value
+            if (
+                isinstance(value, dict) and part not in value and "value" in value
+            ):  # the paper's entries: descend into the value
                 value = value["value"]
             if isinstance(value, dict) and part in value:
                 value = value[part]

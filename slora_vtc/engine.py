@@ -46,7 +46,9 @@ class Engine:
         self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of, cache=config.prefix_cache)
         self.on_end = on_end
         if config.admission == "optimistic" and not scheduler.supports_preemption:
-            raise UserError(f"scheduler {type(scheduler).__name__} cannot take preempted requests back: it needs --admission conservative")
+            raise UserError(
+                f"scheduler {type(scheduler).__name__} cannot take preempted requests back: it needs --admission conservative"
+            )
         self.running: list[Request] = []
         self._macro = config.macro_steps and backend.decodes_ahead and isinstance(clock, VirtualClock)
         self._steps_since_admission = 0
@@ -121,7 +123,9 @@ class Engine:
             return True
         return False
 
-    def run(self, requests: Iterable[Request], on_step: Callable[[], None] | None = None, until: float | None = None) -> list[Request]:
+    def run(
+        self, requests: Iterable[Request], on_step: Callable[[], None] | None = None, until: float | None = None
+    ) -> list[Request]:
         """Serve requests arriving at their `arrival` times until every one has ended.
 
         `on_step`, if given, is called after every forward pass (to observe the engine mid-run).

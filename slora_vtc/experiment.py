@@ -31,7 +31,15 @@ from slora_vtc.workload import Workload
 
 COSTS = ("linear", "profile")
 REAL_ONLY = ("model", "time_scale", "device", "dtype")  # fields a simulated run leaves out of its result file
-CLUSTER_ONLY = ("replicas", "router", "routers", "router_sync", "ingress_skew", "replica_pool_tokens", "replica_testbeds")  # and a single engine's
+CLUSTER_ONLY = (
+    "replicas",
+    "router",
+    "routers",
+    "router_sync",
+    "ingress_skew",
+    "replica_pool_tokens",
+    "replica_testbeds",
+)  # and a single engine's
 SIM_ONLY = ("testbed",)  # and those a real run leaves out
 
 
@@ -87,17 +95,23 @@ class Experiment:
         Read once per experiment: building it reads every adapter's config file."""
         if not self.real_backend:
             if self.lora:
-                raise UserError("--lora applies to the real backends (--backend torch or triton); the simulator has no weights")
+                raise UserError(
+                    "--lora applies to the real backends (--backend torch or triton); the simulator has no weights"
+                )
             return AdapterTable()
         return adapter_table(list(self.lora), self.adapters or 0, self.adapter_rank)
 
     def engine_config(self) -> EngineConfig:
         pool = self.pool_tokens or get_suite(self.suite).pool_tokens
-        memory = dict(pool_tokens=pool, lora_rank=self.adapter_rank, prefix_cache=self.prefix_cache, admission=self.admission)
+        memory = dict(
+            pool_tokens=pool, lora_rank=self.adapter_rank, prefix_cache=self.prefix_cache, admission=self.admission
+        )
         if not self.real_backend:
             return EngineConfig(**memory)
         spec = resolve_spec(self.model_name)
-        return EngineConfig(**memory, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=self.adapter_table.sizes(spec))
+        return EngineConfig(
+            **memory, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=self.adapter_table.sizes(spec)
+        )
 
     @property
     def clustered(self) -> bool:
@@ -116,8 +130,16 @@ class Experiment:
         return RouterOptions(tuple(workload.clients), self.seed, self.routers, self.router_sync, self.ingress_skew)
 
     def backend_settings(self, config: EngineConfig) -> BackendSettings:
-        return BackendSettings(pool_tokens=config.pool_tokens, adapters=self.adapter_table, profile=self.profile, testbed=self.testbed,
-                               model=self.model_name, device=self.device, dtype=self.dtype, seed=self.seed)
+        return BackendSettings(
+            pool_tokens=config.pool_tokens,
+            adapters=self.adapter_table,
+            profile=self.profile,
+            testbed=self.testbed,
+            model=self.model_name,
+            device=self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+        )
 
     def requests(self, workload: Workload) -> list[Request]:
         """The workload's requests as the engine sees them (`added_tokens` longer); with `adapters`
@@ -142,7 +164,12 @@ class Experiment:
         return None if self.adapters is None else [f"{DUMMY_PREFIX}{i}" for i in range(self.adapters)]
 
     def result_config(self, config: EngineConfig, workload: Workload) -> dict:
-        fields = {**asdict(self), "model": self.model_name, "pool_tokens": config.pool_tokens, "duration": workload.duration}
+        fields = {
+            **asdict(self),
+            "model": self.model_name,
+            "pool_tokens": config.pool_tokens,
+            "duration": workload.duration,
+        }
         left_out = (SIM_ONLY if self.real_backend else REAL_ONLY) + (() if self.clustered else CLUSTER_ONLY)
         return {k: v for k, v in fields.items() if k not in left_out}
 
@@ -154,8 +181,14 @@ class Experiment:
             lift = Lift(self.lift)
         except ValueError:
             raise UserError(f"unknown lift rule '{self.lift}' (known: {', '.join(l.value for l in Lift)})") from None
-        return SchedulerOptions(cost_function(self.cost, self.profile), lift, self.extra_charge_at_finish, self.seed,
-                                charge_cached=self.charge_cached, charge_recompute=self.charge_recompute)
+        return SchedulerOptions(
+            cost_function(self.cost, self.profile),
+            lift,
+            self.extra_charge_at_finish,
+            self.seed,
+            charge_cached=self.charge_cached,
+            charge_recompute=self.charge_recompute,
+        )
 
 
 def cost_function(name: str, profile: str | None = None) -> CostFunction:
@@ -165,19 +198,31 @@ def cost_function(name: str, profile: str | None = None) -> CostFunction:
     if name == "profile":
         if profile is None:
             return ProfiledCost()
-        return ProfiledCost.fit([(p.input_len, p.output_len, 1000 * (p.prefill_s + p.decode_s)) for p in load_profile(profile)])
+        return ProfiledCost.fit(
+            [(p.input_len, p.output_len, 1000 * (p.prefill_s + p.decode_s)) for p in load_profile(profile)]
+        )
     raise UserError(f"unknown cost function '{name}' (known: {', '.join(COSTS)})")
 
 
-def serve_requests(requests: list[Request], scheduler: Scheduler, config: EngineConfig, backend: ModelBackend,
-                   time_scale: float = 1.0, progress: bool = False, label: str = "", horizon: float | None = None) -> float:
+def serve_requests(
+    requests: list[Request],
+    scheduler: Scheduler,
+    config: EngineConfig,
+    backend: ModelBackend,
+    time_scale: float = 1.0,
+    progress: bool = False,
+    label: str = "",
+    horizon: float | None = None,
+) -> float:
     """Serve requests arriving at their times until each has ended; returns the total time.
 
     A simulated backend runs on a virtual clock; a real one on the wall clock, scaled by `time_scale`.
     """
     backend.warmup()
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
+    memory = MemoryManager(
+        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
+    )
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
         Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests, until=horizon)
     return clock.now()
@@ -188,8 +233,10 @@ def check_context(model: str, requests: list[Request]) -> None:
     context = resolve_spec(model).max_position
     longest = max(requests, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
     if longest is not None and longest.prompt_len + longest.max_new_tokens > context:
-        raise UserError(f"model '{model}': its context is {context} tokens (max_position_embeddings), but the workload's longest request "
-                        f"needs {longest.prompt_len + longest.max_new_tokens} ({longest.prompt_len} prompt + {longest.max_new_tokens} new tokens)")
+        raise UserError(
+            f"model '{model}': its context is {context} tokens (max_position_embeddings), but the workload's longest request "
+            f"needs {longest.prompt_len + longest.max_new_tokens} ({longest.prompt_len} prompt + {longest.max_new_tokens} new tokens)"
+        )
 
 
 def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = True) -> RunResult:
@@ -203,8 +250,16 @@ def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = 
         check_context(exp.model_name, requests)
     backend = build_backend(exp.backend, exp.backend_settings(config))
     scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
-    total = serve_requests(requests, scheduler, config, backend, exp.time_scale, progress, f"{workload.name}/{exp.scheduler} ({exp.backend})",
-                           exp.horizon)
+    total = serve_requests(
+        requests,
+        scheduler,
+        config,
+        backend,
+        exp.time_scale,
+        progress,
+        f"{workload.name}/{exp.scheduler} ({exp.backend})",
+        exp.horizon,
+    )
     return RunResult.of(exp.result_config(config, workload), requests, total)
 
 
@@ -214,9 +269,17 @@ def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult
         raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
     workload, configs = exp.workload(), exp.replica_configs()
     requests = exp.requests(workload)
-    backends = [build_backend(exp.backend, replace(exp.backend_settings(c), testbed=exp.replica_testbed(i))) for i, c in enumerate(configs)]
+    backends = [
+        build_backend(exp.backend, replace(exp.backend_settings(c), testbed=exp.replica_testbed(i)))
+        for i, c in enumerate(configs)
+    ]
     router = build_router(exp.router, exp.router_options(workload))
-    cluster = build_cluster(router, configs, backends, lambda: build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options()))
+    cluster = build_cluster(
+        router,
+        configs,
+        backends,
+        lambda: build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options()),
+    )
     label = f"{workload.name}/{exp.scheduler} x{exp.replicas} ({exp.router})"
     total = serve_cluster(cluster, requests, progress, label, exp.horizon)
     return RunResult.of(exp.result_config(configs[0], workload), requests, total, cluster.replica_of)

@@ -29,7 +29,9 @@ from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
 
 
-def alike_steps(running: list[Request], scheduler: Scheduler, memory: MemoryManager, config: EngineConfig, first_attempt: int) -> int:
+def alike_steps(
+    running: list[Request], scheduler: Scheduler, memory: MemoryManager, config: EngineConfig, first_attempt: int
+) -> int:
     """Decode steps of `running` from now that single steps would run alike, the engine asking the
     scheduler after `first_attempt` of them and after every one from then on (0: not one, as a
     preemption, an eviction or an admission may come first); arrivals are the backend's to stop at."""

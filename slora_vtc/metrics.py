@@ -40,7 +40,9 @@ def accumulated_service(result: RunResult, ticks, cost: CostFunction = LinearCos
     return out
 
 
-def service_rate(result: RunResult, ticks, cost: CostFunction = LinearCost(), window: float = WINDOW_S) -> dict[str, np.ndarray]:
+def service_rate(
+    result: RunResult, ticks, cost: CostFunction = LinearCost(), window: float = WINDOW_S
+) -> dict[str, np.ndarray]:
     """Service received in a window centred on each tick, per second."""
     ticks = np.asarray(ticks, dtype=float)
     hi = accumulated_service(result, ticks + window / 2, cost)
@@ -84,8 +86,13 @@ def table_windows(horizon: float) -> np.ndarray:
     return (horizon - WARMUP_S) / TABLE_WINDOWS * np.arange(1, TABLE_WINDOWS)
 
 
-def fairness_summary(result: RunResult, horizon: float, cost: CostFunction = LinearCost(),
-                     weights: Mapping[str, float] | None = None, offered_cost: CostFunction | None = None) -> FairnessSummary:
+def fairness_summary(
+    result: RunResult,
+    horizon: float,
+    cost: CostFunction = LinearCost(),
+    weights: Mapping[str, float] | None = None,
+    offered_cost: CostFunction | None = None,
+) -> FairnessSummary:
     """The paper's fairness table: max / avg / variance over windows of sum_i min(max_j s_j - s_i, |o_i - s_i|).
 
     Exactly as the artifact's plot_revision.py computes it: requests that were never served are
@@ -109,18 +116,24 @@ def fairness_summary(result: RunResult, horizon: float, cost: CostFunction = Lin
     return FairnessSummary(float(gap.max()), float(gap.mean()), float(gap.var()))
 
 
-def _window_service(result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction) -> np.ndarray:
+def _window_service(
+    result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction
+) -> np.ndarray:
     mine = served & (result.array("client") == client)
     sent = result.array("req_time")[mine]
     begin, end = sent + result.array("first_token_latency")[mine], sent + result.array("request_latency")[mine]
     counted = (end >= 1) & (end - begin >= 1e-5)  # the artifact skips these
     begin, end = begin[counted], end[counted]
     service = cost(result.array("prompt_len")[mine][counted], result.array("output_len")[mine][counted])
-    overlap = np.maximum(np.minimum(starts[:, None] + WINDOW_S, end[None, :]) - np.maximum(starts[:, None], begin[None, :]), 0.0)
+    overlap = np.maximum(
+        np.minimum(starts[:, None] + WINDOW_S, end[None, :]) - np.maximum(starts[:, None], begin[None, :]), 0.0
+    )
     return overlap / (end - begin)[None, :] @ service / WINDOW_S
 
 
-def _window_offered(result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction) -> np.ndarray:
+def _window_offered(
+    result: RunResult, served: np.ndarray, client: str, starts: np.ndarray, cost: CostFunction
+) -> np.ndarray:
     mine = served & (result.array("client") == client)
     sent = result.array("req_time")[mine]
     asked = cost(result.array("prompt_len")[mine], result.array("output_len")[mine])
@@ -141,7 +154,9 @@ def mean_response_time(result: RunResult, client: str | None = None) -> float:
     return float(result.array("first_token_latency")[served].mean()) if served.any() else float("nan")
 
 
-def window_service_rates(result: RunResult, start: float, end: float, cost: CostFunction = LinearCost()) -> dict[str, float]:
+def window_service_rates(
+    result: RunResult, start: float, end: float, cost: CostFunction = LinearCost()
+) -> dict[str, float]:
     """Service each client received in [start, end], per second."""
     got = accumulated_service(result, [start, end], cost)
     return {c: float(v[1] - v[0]) / (end - start) for c, v in got.items()}
@@ -159,7 +174,9 @@ def cache_hit_rate(result: RunResult) -> float:
     a preempted request's later prefills count too)."""
     served = _served(result)
     added = int(result.config.get("added_tokens", 0))
-    prefilled = result.array("prompt_len")[served].sum() + added * served.sum() + result.array("recomputed")[served].sum()
+    prefilled = (
+        result.array("prompt_len")[served].sum() + added * served.sum() + result.array("recomputed")[served].sum()
+    )
     cached = result.array("cached_tokens")[served].sum()
     return float(cached / prefilled) if prefilled else 0.0
 

@@ -98,7 +98,9 @@ def _hit(path: Path, n: int, value) -> PrefixHitPoint:
             raise TypeError
         prefill = float(prefill)
     except (TypeError, ValueError):
-        raise UserError(f"{where}: expected [batch_size, cached_len, extend_len, prefill_s] (three integers, then seconds)") from None
+        raise UserError(
+            f"{where}: expected [batch_size, cached_len, extend_len, prefill_s] (three integers, then seconds)"
+        ) from None
     if batch <= 0 or cached <= 0 or extend <= 0 or not prefill >= 0:
         raise UserError(f"{where}: batch size and lengths must be positive, the time non-negative")
     return PrefixHitPoint(batch, cached, extend, prefill)

@@ -28,10 +28,20 @@ ARTIFACT_GRID: tuple[tuple[int, int], ...] = (
 PREFIX_GRID: tuple[tuple[int, int], ...] = tuple((c, e) for c in (256, 1024) for e in (32, 128))
 
 
-def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-             ignore_eos: bool = False, backend: str = "torch", device: str | None = None, dtype: str | None = None,
-             seed: int = 0, pool_tokens: int | None = None, adapters: AdapterTable = AdapterTable(),
-             use_lora: str | None = None) -> list[list[int]]:
+def generate(
+    model: str,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
+    ignore_eos: bool = False,
+    backend: str = "torch",
+    device: str | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+    pool_tokens: int | None = None,
+    adapters: AdapterTable = AdapterTable(),
+    use_lora: str | None = None,
+) -> list[list[int]]:
     """Generated token ids per prompt, all prompts served together by the engine (with adapter `use_lora`, if given)."""
     spec = resolve_spec(model)
     adapters = AdapterTable((adapters.get(use_lora),)) if use_lora else AdapterTable()  # an unknown name is an error
@@ -43,18 +53,26 @@ def generate(model: str, prompts: list[list[int]], max_new_tokens: int, sampling
     pool = pool_tokens or sum(len(p) + max_new_tokens for p in prompts) + 1 + lora_slots
     for ids in prompts:
         if len(ids) + max_new_tokens >= pool - lora_slots:
-            raise UserError(f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens"
-                            + (f" ({lora_slots} of them for adapter '{use_lora}')" if lora_slots else ""))
+            raise UserError(
+                f"a prompt of {len(ids)} tokens plus {max_new_tokens} new tokens does not fit a pool of {pool} tokens"
+                + (f" ({lora_slots} of them for adapter '{use_lora}')" if lora_slots else "")
+            )
         if len(ids) + max_new_tokens > spec.max_position:
             raise UserError(f"{len(ids)} + {max_new_tokens} tokens exceed the model's context of {spec.max_position}")
     llama = build_backend(backend, model, pool, adapters, device, dtype, seed, sampling)
-    config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=max(sum(map(len, prompts)), 1),
-                          adapter_sizes=adapters.sizes(spec))
+    config = EngineConfig(
+        pool_tokens=pool,
+        lora_rank=0,
+        batch_max_tokens_override=max(sum(map(len, prompts)), 1),
+        adapter_sizes=adapters.sizes(spec),
+    )
     memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=llama.load_adapter)
     engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), memory)
     stop = () if ignore_eos else spec.eos_token_ids
-    requests = [Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop, adapter=use_lora)
-                for ids in prompts]
+    requests = [
+        Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop, adapter=use_lora)
+        for ids in prompts
+    ]
     engine.run(requests)
     for i, r in enumerate(requests):
         if r.state is not State.FINISHED:
@@ -70,9 +88,19 @@ def _check_prompt(ids: list[int], vocab: int) -> None:
         raise UserError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
 
 
-def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=ARTIFACT_GRID, device: str | None = None,
-                    dtype: str | None = None, max_batch: int | None = None, seed: int = 0, progress: bool = False,
-                    adapters: AdapterTable = AdapterTable(), prefix_grid=()) -> tuple[list[ProfilePoint], list[PrefixHitPoint]]:
+def measure_profile(
+    backend: str,
+    model: str,
+    pool_tokens: int = 10_000,
+    grid=ARTIFACT_GRID,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    adapters: AdapterTable = AdapterTable(),
+    prefix_grid=(),
+) -> tuple[list[ProfilePoint], list[PrefixHitPoint]]:
     """Prefill and decode seconds per request at each (input, output) length, as the artifact measured,
     and prefill seconds per request at each (cached, extend) length of `prefix_grid`.
 
@@ -88,8 +116,10 @@ def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=AR
     room = _kv_room(pool_tokens, model, adapters)
     for c, e in prefix_grid:
         if c <= 0 or e <= 0 or c + e > room:
-            raise UserError(f"prefix-hit point (cached {c}, extend {e}) does not fit the {room} tokens a pool of {pool_tokens} leaves"
-                            " for KV (and the model's context)")
+            raise UserError(
+                f"prefix-hit point (cached {c}, extend {e}) does not fit the {room} tokens a pool of {pool_tokens} leaves"
+                " for KV (and the model's context)"
+            )
     llama = build_backend(backend, model, pool_tokens, adapters, device, dtype, seed)
     llama.warmup()
     config = EngineConfig(pool_tokens=pool_tokens, adapter_sizes=adapters.sizes(llama.spec))
@@ -110,7 +140,9 @@ def measure_profile(backend: str, model: str, pool_tokens: int = 10_000, grid=AR
     return points, hits
 
 
-def fitting_prefix_grid(pool_tokens: int, model: str, adapters: AdapterTable = AdapterTable(), grid=PREFIX_GRID) -> tuple[tuple[int, int], ...]:
+def fitting_prefix_grid(
+    pool_tokens: int, model: str, adapters: AdapterTable = AdapterTable(), grid=PREFIX_GRID
+) -> tuple[tuple[int, int], ...]:
     """The pairs of `grid` that fit the pool (beside the adapters) and the model's context: the default grid shrinks to a small pool."""
     room = _kv_room(pool_tokens, model, adapters)
     return tuple((c, e) for c, e in grid if c + e <= room)
@@ -122,12 +154,21 @@ def _kv_room(pool_tokens: int, model: str, adapters: AdapterTable) -> int:
     return min(pool_tokens - sum(size for _, size in adapters.sizes(spec)), spec.max_position)
 
 
-def _measure_hit(backend: LlamaBackend, memory: MemoryManager, cached: int, extend: int, batch: int, adapters: list[str],
-                 repeats: int = 3) -> float:
+def _measure_hit(
+    backend: LlamaBackend,
+    memory: MemoryManager,
+    cached: int,
+    extend: int,
+    batch: int,
+    adapters: list[str],
+    repeats: int = 3,
+) -> float:
     """Seconds of a prefill of `batch` requests whose first `cached` tokens' K/V are in the pool (the median
     of `repeats`): a cold prefill first writes every prompt's K/V (and keeps its drawn ids on the request)."""
-    reqs = [Request("profile", cached + extend, 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None)
-            for k in range(batch)]
+    reqs = [
+        Request("profile", cached + extend, 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None)
+        for k in range(batch)
+    ]
     memory.admit(reqs)
     try:
         times = []
@@ -146,10 +187,15 @@ def _measure_hit(backend: LlamaBackend, memory: MemoryManager, cached: int, exte
     return sorted(times[1:])[repeats // 2]
 
 
-def _measure(backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int,
-             adapters: list[str]) -> tuple[float, float]:
-    reqs = [Request("profile", input_len, output_len + 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None)
-            for k in range(batch)]
+def _measure(
+    backend: LlamaBackend, memory: MemoryManager, input_len: int, output_len: int, batch: int, adapters: list[str]
+) -> tuple[float, float]:
+    reqs = [
+        Request(
+            "profile", input_len, output_len + 1, 0.0, rid=k, adapter=adapters[k % len(adapters)] if adapters else None
+        )
+        for k in range(batch)
+    ]
     memory.admit(reqs)
     try:
         step = backend.prefill

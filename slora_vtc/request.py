@@ -46,7 +46,9 @@ class Request:
     stop_tokens: tuple[int, ...] = ()  # end early once one of these is generated (the EOS ids); empty: ignore EOS
     stopped: bool = False
     sampling: "SamplingParams | None" = None  # this request's own sampling (a real backend's default otherwise)
-    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when sampling.logprobs is not None
+    output_logprobs: list[TokenLogprob] = field(
+        default_factory=list
+    )  # one per output id when sampling.logprobs is not None
     added_tokens: int = 0  # tokens the serving path put before the client's prompt (a BOS); counted in prompt_len
     cached_len: int = 0  # tokens at the start of its latest prefill whose K/V came from the prefix cache
     cached_tokens: int = 0  # cached_len summed over its prefills (a preempted request is prefilled again)

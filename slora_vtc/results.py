@@ -34,11 +34,24 @@ class Response:
         total = req.finish_time - req.arrival if served else -1.0
         output_len = req.generated if served else req.max_new_tokens  # fewer when stopped at EOS
         prompt_len = req.prompt_len - req.added_tokens  # the client's prompt, as the artifact's client recorded it
-        return cls(req.client, prompt_len, output_len, req.arrival, first, total, req.state.value,
-                   req.cached_tokens, req.preemptions, req.recomputed, replica)
+        return cls(
+            req.client,
+            prompt_len,
+            output_len,
+            req.arrival,
+            first,
+            total,
+            req.state.value,
+            req.cached_tokens,
+            req.preemptions,
+            req.recomputed,
+            replica,
+        )
 
     def record(self) -> dict:
-        fields = dict(self.__dict__)  # its fields in order, all plain values (asdict's deep copy costs a tenth of a run)
+        fields = dict(
+            self.__dict__
+        )  # its fields in order, all plain values (asdict's deep copy costs a tenth of a run)
         if self.replica is None:
             del fields["replica"]
         return {k: v for k, v in fields.items() if k not in MEMORY_FIELDS or v}
@@ -51,7 +64,9 @@ class RunResult:
     responses: tuple[Response, ...]
 
     @classmethod
-    def of(cls, config: dict, requests: list[Request], total_time: float, replica_of: dict[int, int] | None = None) -> "RunResult":
+    def of(
+        cls, config: dict, requests: list[Request], total_time: float, replica_of: dict[int, int] | None = None
+    ) -> "RunResult":
         """`replica_of`: rid -> replica, for a cluster run (each response then records its replica, -1 if none)."""
         if replica_of is None:
             return cls(config, total_time, tuple(Response.of(r) for r in requests))
@@ -72,13 +87,18 @@ class RunResult:
         return sum(r.status == status for r in self.responses)
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "result": {"total_time": self.total_time, "responses": [r.record() for r in self.responses]}})
+        return json.dumps(
+            {
+                "config": self.config,
+                "result": {"total_time": self.total_time, "responses": [r.record() for r in self.responses]},
+            }
+        )
 
 
 def client_sort_key(name: str) -> tuple:
     """client2 < client10; names without a trailing number sort after, alphabetically."""
     stem = name.rstrip("0123456789")
-    digits = name[len(stem):]
+    digits = name[len(stem) :]
     return (stem, int(digits) if digits else -1)
 
 
@@ -134,8 +154,14 @@ def _parse_response(where: str, raw: dict) -> Response:
         # the artifact writes no status: a request it never served (an RPM refusal) has latency -1
         status = str(raw.get("status", "finished" if first >= 0 else "rejected"))
         return Response(
-            str(raw["client"]), int(raw["prompt_len"]), int(raw["output_len"]), float(raw["req_time"]),
-            first, float(raw["request_latency"]), status, *(int(raw.get(f, 0)) for f in MEMORY_FIELDS),
+            str(raw["client"]),
+            int(raw["prompt_len"]),
+            int(raw["output_len"]),
+            float(raw["req_time"]),
+            first,
+            float(raw["request_latency"]),
+            status,
+            *(int(raw.get(f, 0)) for f in MEMORY_FIELDS),
             None if raw.get("replica") is None else int(raw["replica"]),
         )
     except (TypeError, ValueError):

@@ -62,7 +62,9 @@ def parse_segments(value) -> Segments:
     elif isinstance(value, (list, tuple)):
         pairs = [_pair(i, item) for i, item in enumerate(value)]
     else:
-        raise ValueError(f"expected a list of [name, length] pairs or text like 'doc7:1200|q3:40', got {type(value).__name__}")
+        raise ValueError(
+            f"expected a list of [name, length] pairs or text like 'doc7:1200|q3:40', got {type(value).__name__}"
+        )
     return tuple((name, _length(name, length)) for name, length in pairs)
 
 

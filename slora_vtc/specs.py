@@ -36,7 +36,9 @@ def positive_arg(kind: str, spec: str, text: str, what: str, type_: type = float
     try:
         value = type_(text)
     except ValueError:
-        raise UserError(f"{kind} '{spec}': {what} '{text}' is not a{'n integer' if type_ is int else ' number'}") from None
+        raise UserError(
+            f"{kind} '{spec}': {what} '{text}' is not a{'n integer' if type_ is int else ' number'}"
+        ) from None
     if not 0 < value < float("inf"):
         raise UserError(f"{kind} '{spec}': {what} must be positive and finite, got {text}")
     return value

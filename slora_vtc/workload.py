@@ -27,7 +27,9 @@ class RequestSpec:
     def __post_init__(self):
         if self.segments and sum(length for _, length in self.segments) != self.prompt_len:
             total = sum(length for _, length in self.segments)
-            raise UserError(f"request of client '{self.client}' at {self.arrival}: its segments sum to {total} tokens, prompt_len is {self.prompt_len}")
+            raise UserError(
+                f"request of client '{self.client}' at {self.arrival}: its segments sum to {total} tokens, prompt_len is {self.prompt_len}"
+            )
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,16 @@ class Workload:
         expander = SegmentExpander(vocab_size)
         bos = (BOS_ID,) * added_tokens
         return [
-            Request(s.client, s.prompt_len + added_tokens, s.output_len, s.arrival, rid=i, adapter=s.client, added_tokens=added_tokens,
-                    prompt_ids=expander.expand(s.segments, bos) if s.segments else None)
+            Request(
+                s.client,
+                s.prompt_len + added_tokens,
+                s.output_len,
+                s.arrival,
+                rid=i,
+                adapter=s.client,
+                added_tokens=added_tokens,
+                prompt_ids=expander.expand(s.segments, bos) if s.segments else None,
+            )
             for i, s in enumerate(sorted(self.specs, key=lambda s: s.arrival))
         ]
 

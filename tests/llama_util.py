@@ -17,9 +17,18 @@ from slora_vtc.model.adapters import AdapterTable, adapter_table  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched import build_scheduler  # noqa: E402
 
-TINY_HF = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=5000.0,
-               initializer_range=0.2)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
+TINY_HF = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=5000.0,
+    initializer_range=0.2,
+)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
 
 
 def save_hf_llama(folder: Path, seed: int = 0, **overrides):
@@ -35,8 +44,13 @@ def save_hf_llama(folder: Path, seed: int = 0, **overrides):
 def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c"), **config) -> Engine:
     """An engine on a virtual clock (advanced by the measured step times) with the backend's adapters wired;
     `config`: more EngineConfig fields (prefix_cache, admission)."""
-    config = EngineConfig(pool_tokens=pool, lora_rank=0, adapter_row_slots=backend.spec.lora_slots_per_row,
-                          adapter_sizes=backend.adapters.sizes(backend.spec), **config)
+    config = EngineConfig(
+        pool_tokens=pool,
+        lora_rank=0,
+        adapter_row_slots=backend.spec.lora_slots_per_row,
+        adapter_sizes=backend.adapters.sizes(backend.spec),
+        **config,
+    )
     memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
     return Engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock(), memory)
 
@@ -64,7 +78,9 @@ def record_logits(backend: LlamaBackend) -> dict[int, list[torch.Tensor]]:
     return seen
 
 
-def request(prompt: list[int], new: int, client: str = "a", adapter: str | None = None, arrival: float = 0.0) -> Request:
+def request(
+    prompt: list[int], new: int, client: str = "a", adapter: str | None = None, arrival: float = 0.0
+) -> Request:
     return Request(client, len(prompt), new, arrival, adapter=adapter, prompt_ids=list(prompt))
 
 

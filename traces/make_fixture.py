@@ -25,7 +25,10 @@ def text(rng: np.random.RandomState, words: int) -> str:
 def turn(rng, prompt_words: int, reply_words: int, turns: int = 1) -> list[dict]:
     conversation = []
     for _ in range(turns):
-        conversation += [{"role": "user", "content": text(rng, prompt_words)}, {"role": "assistant", "content": text(rng, reply_words)}]
+        conversation += [
+            {"role": "user", "content": text(rng, prompt_words)},
+            {"role": "assistant", "content": text(rng, reply_words)},
+        ]
     return conversation
 
 
@@ -34,10 +37,20 @@ def record(rng: np.random.RandomState, i: int, tstamp: float) -> dict:
     reply_words = 2000 if i % 11 == 5 else int(rng.randint(5, 120))  # every 11th reply is over 1024 tokens
     prompt_words = int(rng.randint(3, 60))
     if i % 2 == 0:
-        return {"model": MODELS[i % len(MODELS)], "conversation": turn(rng, prompt_words, reply_words, turns), "tstamp": tstamp}
+        return {
+            "model": MODELS[i % len(MODELS)],
+            "conversation": turn(rng, prompt_words, reply_words, turns),
+            "tstamp": tstamp,
+        }
     a, b = rng.choice(len(MODELS), size=2, replace=False)
-    return {"model_a": MODELS[a], "model_b": MODELS[b], "conversation_a": turn(rng, prompt_words, reply_words, turns),
-            "conversation_b": turn(rng, prompt_words, int(rng.randint(5, 120)), turns), "tstamp": tstamp, "turn": turns}
+    return {
+        "model_a": MODELS[a],
+        "model_b": MODELS[b],
+        "conversation_a": turn(rng, prompt_words, reply_words, turns),
+        "conversation_b": turn(rng, prompt_words, int(rng.randint(5, 120)), turns),
+        "tstamp": tstamp,
+        "turn": turns,
+    }
 
 
 def main() -> None:

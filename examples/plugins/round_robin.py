@@ -59,4 +59,6 @@ class RoundRobin(Scheduler):
         return True
 
 
-register_scheduler("rr", Entry(lambda arg, clients, options: RoundRobin(), "round robin over clients, one request per turn (a plugin)"))
+register_scheduler(
+    "rr", Entry(lambda arg, clients, options: RoundRobin(), "round robin over clients, one request per turn (a plugin)")
+)

@@ -19,7 +19,6 @@ from itertools import accumulate, chain
 
 import numpy as np
 import torch
-from slora_vtc_kernels.reference import LoraRows
 
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
@@ -33,12 +32,19 @@ from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import ModelSpec, resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.request import Request, TokenLogprob
+from slora_vtc_kernels.reference import LoraRows
 
 log = logging.getLogger(__name__)
 
 BACKEND_OPS = {"torch": "torch", "triton": "triton"}
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 FIRST_DUMMY_TOKEN = 3  # dummy prompts avoid the special tokens 0-2 (unk, bos, eos in Llama's vocabulary)
 SMALL_HIDDEN = 1024  # up to this hidden size, a CPU step runs single-threaded (see build_backend)
 WARMUP_RANK = 8
@@ -77,7 +83,9 @@ class RequestRows:
         table = torch.zeros((rows, cols), dtype=torch.int64, device=self.device)
         table[:old_rows, :old_cols] = self.table
         self.table = table
-        self.lens, self.last, self.adapter = (torch.cat([t, t.new_zeros(rows - old_rows)]) for t in (self.lens, self.last, self.adapter))
+        self.lens, self.last, self.adapter = (
+            torch.cat([t, t.new_zeros(rows - old_rows)]) for t in (self.lens, self.last, self.adapter)
+        )
         self._free.extend(range(rows - 1, old_rows - 1, -1))
 
 
@@ -118,19 +126,32 @@ class AdapterRows:
                 continue
             ranks = [a.rank if w else 0 for a, w in zip(self.specs, where)]
             starts = [w[0] if w else 0 for w in where]
-            rows[target] = LoraRows(self.slots[: len(self.specs)], torch.tensor(starts, device=self.device),
-                                    torch.tensor(ranks, device=self.device), scales, max(ranks), slots_per_row(self.model, target))
+            rows[target] = LoraRows(
+                self.slots[: len(self.specs)],
+                torch.tensor(starts, device=self.device),
+                torch.tensor(ranks, device=self.device),
+                scales,
+                max(ranks),
+                slots_per_row(self.model, target),
+            )
         return rows
 
 
 class LlamaBackend(ModelBackend):
-    def __init__(self, model: Llama, sampling: SamplingParams = SamplingParams(), adapters: AdapterTable = AdapterTable(),
-                 seed: int = 0):
+    def __init__(
+        self,
+        model: Llama,
+        sampling: SamplingParams = SamplingParams(),
+        adapters: AdapterTable = AdapterTable(),
+        seed: int = 0,
+    ):
         self.model, self.spec, self.device = model, model.spec, model.device
         self.sampling, self.adapters, self.seed = sampling, adapters, seed
         self.rows = RequestRows(self.device)
         self.resident = AdapterRows(self.spec, self.device)
-        self._host_weights = {a.name: peft_adapter(self.spec, a) for a in adapters.adapters if a.path is not None}  # read (and checked) once
+        self._host_weights = {
+            a.name: peft_adapter(self.spec, a) for a in adapters.adapters if a.path is not None
+        }  # read (and checked) once
         self._gen = torch.Generator(device=self.device).manual_seed(seed)  # dummy prompts, and unseeded sampling
         self.sampler = BatchSampler(sampling, self._gen, self.spec.vocab_size, self.device)
         self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
@@ -156,7 +177,9 @@ class LlamaBackend(ModelBackend):
         slots_t = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
         if len(slots_t) != adapter.slots(self.spec):
             raise ValueError(f"adapter '{name}' needs {adapter.slots(self.spec)} slots, the pool gave {len(slots_t)}")
-        weights = self._host_weights.get(name) or dummy_adapter(self.spec, adapter, self.device, self.model.weights.embed.dtype, self.seed)
+        weights = self._host_weights.get(name) or dummy_adapter(
+            self.spec, adapter, self.device, self.model.weights.embed.dtype, self.seed
+        )
         write_adapter(self.model.pool, slots_t, weights, self.spec)
         self.resident.put(adapter, slots_t)
 
@@ -194,15 +217,33 @@ class LlamaBackend(ModelBackend):
         rows = self.rows.add([r.rid for r in reqs], max(r.prompt_len + r.max_new_tokens for r in reqs))
         adapters = [self._adapter_of(r) for r in reqs]
         n_ctx, n_new, b = sum(full), sum(new), len(reqs)
-        host = torch.tensor([*chain.from_iterable(r.kv_slots[: r.prefill_len] for r in reqs), *chain.from_iterable(i[c:] for i, c in zip(ids, cached)),
-                             0, *accumulate(new), 0, *accumulate(full), *rows, *adapters, *full, *cached])
-        ctx_slots, tokens, cu_t, cu_ctx, rows_t, adapter_t, full_t, cached_t = host.to(self.device).split([n_ctx, n_new, b + 1, b + 1, b, b, b, b])
+        host = torch.tensor(
+            [
+                *chain.from_iterable(r.kv_slots[: r.prefill_len] for r in reqs),
+                *chain.from_iterable(i[c:] for i, c in zip(ids, cached)),
+                0,
+                *accumulate(new),
+                0,
+                *accumulate(full),
+                *rows,
+                *adapters,
+                *full,
+                *cached,
+            ]
+        )
+        ctx_slots, tokens, cu_t, cu_ctx, rows_t, adapter_t, full_t, cached_t = host.to(self.device).split(
+            [n_ctx, n_new, b + 1, b + 1, b, b, b, b]
+        )
         # every context slot (cached ones included) goes into the request's row: decode and an extend read them there
-        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(cu_ctx[:-1], full_t, output_size=n_ctx)
+        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(
+            cu_ctx[:-1], full_t, output_size=n_ctx
+        )
         self.rows.table[torch.repeat_interleave(rows_t, full_t, output_size=n_ctx), ctx_positions] = ctx_slots
         if any(cached):
             new_t = full_t - cached_t
-            positions = torch.arange(n_new, device=self.device) - torch.repeat_interleave(cu_t[:-1] - cached_t, new_t, output_size=n_new)
+            positions = torch.arange(n_new, device=self.device) - torch.repeat_interleave(
+                cu_t[:-1] - cached_t, new_t, output_size=n_new
+            )
             slots = self.rows.table[torch.repeat_interleave(rows_t, new_t, output_size=n_new), positions]
             prefix = CachedPrefix(self.rows.table[rows_t, : max(full)], cached_t)
         else:  # every request is cold: the plain prefill path, its tokens the whole context
@@ -215,7 +256,9 @@ class LlamaBackend(ModelBackend):
 
     @torch.inference_mode()
     def _decode(self, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
-        rows, new_slots = torch.tensor([[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[-1] for r in reqs]]).to(self.device)
+        rows, new_slots = torch.tensor([[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[-1] for r in reqs]]).to(
+            self.device
+        )
         positions = self.rows.lens[rows]
         self.rows.table[rows, positions] = new_slots
         seq_lens = positions + 1
@@ -241,7 +284,9 @@ class LlamaBackend(ModelBackend):
         lengths = [r.prompt_len for r in reqs if r.prompt_ids is None]
         if lengths:
             low = min(FIRST_DUMMY_TOKEN, self.spec.vocab_size - 1)
-            drawn = torch.randint(low, self.spec.vocab_size, (sum(lengths),), generator=self._gen, device=self.device).tolist()
+            drawn = torch.randint(
+                low, self.spec.vocab_size, (sum(lengths),), generator=self._gen, device=self.device
+            ).tolist()
             for r, start in zip((r for r in reqs if r.prompt_ids is None), accumulate([0, *lengths])):
                 r.prompt_ids = [self.spec.bos_token_id, *drawn[start + 1 : start + r.prompt_len]]
         return [r.token_ids() for r in reqs]
@@ -255,7 +300,11 @@ class LlamaBackend(ModelBackend):
         ids = req.prompt_ids
         if ids is not None and len(ids) != req.prompt_len:
             return True
-        return any(len(part) and (min(part) < 0 or max(part) >= self.spec.vocab_size) for part in (ids, req.output_ids) if part is not None)
+        return any(
+            len(part) and (min(part) < 0 or max(part) >= self.spec.vocab_size)
+            for part in (ids, req.output_ids)
+            if part is not None
+        )
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -284,8 +333,22 @@ class LlamaBackend(ModelBackend):
         self.model.forward(Prefill(tokens, positions, slots, torch.tensor([0, 8, n], device=dev), 8, lora))
         table = slots.view(2, 8)
         prefix = CachedPrefix(table[:1], torch.tensor([4], device=dev))
-        self.model.forward(Prefill(tokens[:4], positions[4:8], slots[4:8], torch.tensor([0, 4], device=dev), 4, warm.batch(lora.ids[:1]), prefix))
-        self.model.forward(Decode(tokens[:2], torch.full((2,), 7, device=dev), table[:, -1], table, torch.full((2,), 8, device=dev), lora))
+        self.model.forward(
+            Prefill(
+                tokens[:4],
+                positions[4:8],
+                slots[4:8],
+                torch.tensor([0, 4], device=dev),
+                4,
+                warm.batch(lora.ids[:1]),
+                prefix,
+            )
+        )
+        self.model.forward(
+            Decode(
+                tokens[:2], torch.full((2,), 7, device=dev), table[:, -1], table, torch.full((2,), 8, device=dev), lora
+            )
+        )
         self._sync()
 
 
@@ -314,8 +377,16 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def build_backend(name: str, model: str = "tiny", pool_tokens: int = 10_000, adapters: AdapterTable = AdapterTable(), device: str | None = None,
-                  dtype: str | None = None, seed: int = 0, sampling: SamplingParams = SamplingParams()) -> LlamaBackend:
+def build_backend(
+    name: str,
+    model: str = "tiny",
+    pool_tokens: int = 10_000,
+    adapters: AdapterTable = AdapterTable(),
+    device: str | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+    sampling: SamplingParams = SamplingParams(),
+) -> LlamaBackend:
     """A real backend (`torch`: torch ops, `triton`: Triton kernels) for a spec name or model folder."""
     if name not in BACKEND_OPS:
         raise UserError(f"unknown real backend '{name}' (known: {', '.join(BACKEND_OPS)})")

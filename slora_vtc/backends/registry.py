@@ -49,7 +49,9 @@ def _llama(ops: str) -> Callable[[BackendSettings], ModelBackend]:
     def build(s: BackendSettings) -> ModelBackend:
         from slora_vtc.backends.llama import build_backend  # imports torch
 
-        return build_backend(ops, s.model or BACKENDS[ops].default_model, s.pool_tokens, s.adapters, s.device, s.dtype, s.seed)
+        return build_backend(
+            ops, s.model or BACKENDS[ops].default_model, s.pool_tokens, s.adapters, s.device, s.dtype, s.seed
+        )
 
     return build
 

@@ -64,7 +64,10 @@ class StepTimeModel:
         prefill_rows = [[1.0, p.batch_size, p.batch_size * p.input_len] for p in points]
         prefill = _fit_nonnegative(prefill_rows, [p.batch_size * p.prefill_s for p in points])
         decode_y = [p.batch_size * p.decode_s for p in points]
-        fits = [(_fit_nonnegative(_decode_rows(points, knee), decode_y), knee) for knee in range(max(p.batch_size for p in points))]
+        fits = [
+            (_fit_nonnegative(_decode_rows(points, knee), decode_y), knee)
+            for knee in range(max(p.batch_size for p in points))
+        ]
         decode, knee = min(fits, key=lambda fit: _relative_sse(_decode_rows(points, fit[1]), decode_y, fit[0]))
         return cls(prefill, decode, knee)
 
@@ -96,8 +99,14 @@ class StepTimeModel:
 
 def _decode_rows(points: list[ProfilePoint], knee: int) -> list[list[float]]:
     """Per point, the totals of each term over its y decode steps (step k attends over x + k)."""
-    return [[p.output_len, p.output_len * max(0, p.batch_size - knee),
-             p.batch_size * (p.output_len * p.input_len + p.output_len * (p.output_len + 1) / 2)] for p in points]
+    return [
+        [
+            p.output_len,
+            p.output_len * max(0, p.batch_size - knee),
+            p.batch_size * (p.output_len * p.input_len + p.output_len * (p.output_len + 1) / 2),
+        ]
+        for p in points
+    ]
 
 
 def _relative_sse(rows, y, coef) -> float:
@@ -183,11 +192,19 @@ def load_testbed(name: str) -> StepTimeModel:
         return TESTBEDS[name]
     path = Path(name)
     if not path.is_file():
-        raise UserError(f"unknown testbed '{name}' (known: {', '.join(TESTBEDS)}, or a file written by `slora-vtc calibrate --out`)")
+        raise UserError(
+            f"unknown testbed '{name}' (known: {', '.join(TESTBEDS)}, or a file written by `slora-vtc calibrate --out`)"
+        )
     try:
         raw = json.loads(path.read_text())
-        return StepTimeModel(tuple(raw["prefill_coef"]), tuple(raw["decode_coef"]), int(raw["decode_knee"]),
-                             float(raw["overhead_s"]), float(raw["cold_start_s"]), raw.get("cached_coef"))
+        return StepTimeModel(
+            tuple(raw["prefill_coef"]),
+            tuple(raw["decode_coef"]),
+            int(raw["decode_knee"]),
+            float(raw["overhead_s"]),
+            float(raw["cold_start_s"]),
+            raw.get("cached_coef"),
+        )
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a testbed file ({type(e).__name__}: {e})") from None
 

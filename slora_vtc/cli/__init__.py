@@ -15,13 +15,28 @@ from slora_vtc.errors import UserError
 COMMAND_GROUPS = (experiments, sweep, figures, traces, calibrate, real, serving, gateway)
 
 # what requirements-real.txt adds to the simulator's requirements
-REAL_ENGINE_PACKAGES = {"torch", "triton", "transformers", "safetensors", "fastapi", "uvicorn", "prometheus_client", "openai", "httpx2"}
+REAL_ENGINE_PACKAGES = {
+    "torch",
+    "triton",
+    "transformers",
+    "safetensors",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "openai",
+    "httpx2",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slora-vtc", description=__doc__.splitlines()[0])
-    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
-                        help=f"import a plugin that registers schedulers, backends, suites or figures (repeatable; also ${PLUGINS_ENV})")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help=f"import a plugin that registers schedulers, backends, suites or figures (repeatable; also ${PLUGINS_ENV})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.add_parsers(sub)
@@ -53,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         if e.name not in REAL_ENGINE_PACKAGES:
             raise
-        print(f"slora-vtc: error: this command needs the real-engine packages ({e.name} is missing): "
-              "pip install -r requirements-real.txt, or `make test`, which installs them into .venv", file=sys.stderr)
+        print(
+            f"slora-vtc: error: this command needs the real-engine packages ({e.name} is missing): "
+            "pip install -r requirements-real.txt, or `make test`, which installs them into .venv",
+            file=sys.stderr,
+        )
         return 2
     except BrokenPipeError:
         # the reader went away (`slora-vtc list | head -2`): not an error; keep Python quiet at exit

@@ -16,10 +16,13 @@ def cmd_calibrate(args) -> int:
     from slora_vtc.profile import load_profile
 
     profile = args.profile or str(data_file(A10G_PROFILE))
-    measured = args.measured or [str(p) for p in sorted(data_file(MEASURED).glob("*.jsonl"), key=lambda p: (not p.name.startswith("vtc"), p.name))]
+    measured = args.measured or [
+        str(p)
+        for p in sorted(data_file(MEASURED).glob("*.jsonl"), key=lambda p: (not p.name.startswith("vtc"), p.name))
+    ]
     if len(args.scheduler) > len(measured):
         raise UserError(f"{len(args.scheduler)} --scheduler values for {len(measured)} measured runs")
-    schedulers = [*args.scheduler, *(_guess_scheduler(m) for m in measured[len(args.scheduler):])]
+    schedulers = [*args.scheduler, *(_guess_scheduler(m) for m in measured[len(args.scheduler) :])]
     if args.testbed and args.out:
         raise UserError("--out writes a calibrated testbed; with --testbed nothing is calibrated")
     points = load_profile(profile)
@@ -30,8 +33,18 @@ def cmd_calibrate(args) -> int:
     d, e, f = model.decode_coef
     print(f"  prefill = {a:.5f} + {b:.3e} * requests + {c:.3e} * prompt_tokens")
     print(f"  decode  = {d:.5f} + {e:.3e} * max(0, requests - {model.decode_knee}) + {f:.3e} * context_tokens")
-    table = pd.DataFrame([{"input": p.input_len, "output": p.output_len, "batch": p.batch_size, "prefill err %": 100 * ep,
-                           "decode err %": 100 * ed} for p, ep, ed in model.residuals(points)])
+    table = pd.DataFrame(
+        [
+            {
+                "input": p.input_len,
+                "output": p.output_len,
+                "batch": p.batch_size,
+                "prefill err %": 100 * ep,
+                "decode err %": 100 * ed,
+            }
+            for p, ep, ed in model.residuals(points)
+        ]
+    )
     print("relative residuals per profile point:")
     print(table.to_string(index=False, float_format="%.1f"))
     rms = (table[["prefill err %", "decode err %"]] ** 2).mean() ** 0.5
@@ -39,18 +52,24 @@ def cmd_calibrate(args) -> int:
     runs = [first_run(m) for m in measured]
     if args.testbed:
         testbed = load_testbed(args.testbed)
-        print(f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, cold start {testbed.cold_start_s:.2f} s (not refitted)")
+        print(
+            f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, cold start {testbed.cold_start_s:.2f} s (not refitted)"
+        )
     else:
         testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), runs[0], schedulers[0])
-        print(f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
-              f"cold start {testbed.cold_start_s:.2f} s")
+        print(
+            f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
+            f"cold start {testbed.cold_start_s:.2f} s"
+        )
     for path, run, scheduler in zip(measured, runs, schedulers):
         c = compare(testbed, run, scheduler)
         worst = max(c.ttft_errors().items(), key=lambda kv: abs(kv[1]), default=("-", 0.0))
         share = max((abs(m - s) for m, s in c.share.values()), default=0.0)
-        print(f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, simulated {c.throughput[1]:.1f} tokens/s "
-              f"({c.throughput_error:+.1%}); service shares within {100 * share:.2f} points; worst per-client mean TTFT "
-              f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)")
+        print(
+            f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, simulated {c.throughput[1]:.1f} tokens/s "
+            f"({c.throughput_error:+.1%}); service shares within {100 * share:.2f} points; worst per-client mean TTFT "
+            f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)"
+        )
     if args.out:
         save_testbed(testbed, args.out)
         print(f"wrote {args.out} (use it with --testbed {args.out})")
@@ -63,11 +82,26 @@ def _guess_scheduler(path: str) -> str:
 
 
 def add_parsers(sub) -> None:
-    cal = sub.add_parser("calibrate", help="fit the simulator to a cost profile and a measured run; check it against measured runs")
-    cal.add_argument("--profile", help="cost-profile JSON (default: the artifact's A10G profile, profiles/a10g_llama7b.json)")
-    cal.add_argument("--measured", action="append", default=[],
-                     help="a measured result file (repeatable); the first calibrates the testbed (default: data/measured/)")
-    cal.add_argument("--scheduler", action="append", default=[], help="scheduler each measured run used, in order (default: from its name)")
-    cal.add_argument("--testbed", help="compare the measured runs with this testbed (a name or a file) instead of calibrating one")
+    cal = sub.add_parser(
+        "calibrate", help="fit the simulator to a cost profile and a measured run; check it against measured runs"
+    )
+    cal.add_argument(
+        "--profile", help="cost-profile JSON (default: the artifact's A10G profile, profiles/a10g_llama7b.json)"
+    )
+    cal.add_argument(
+        "--measured",
+        action="append",
+        default=[],
+        help="a measured result file (repeatable); the first calibrates the testbed (default: data/measured/)",
+    )
+    cal.add_argument(
+        "--scheduler",
+        action="append",
+        default=[],
+        help="scheduler each measured run used, in order (default: from its name)",
+    )
+    cal.add_argument(
+        "--testbed", help="compare the measured runs with this testbed (a name or a file) instead of calibrating one"
+    )
     cal.add_argument("--out", help="write the calibrated testbed here (a JSON file `--testbed FILE` reads)")
     cal.set_defaults(func=cmd_calibrate)

@@ -25,46 +25,104 @@ def scheduler_help() -> str:
 def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     if suite:
         p.add_argument("--suite", required=True, help="workload suite (see `slora-vtc list`)")
-        p.add_argument("--trace", help="trace file for a trace suite (`real`; default: the paper's LMSYS trace in traces/)")
+        p.add_argument(
+            "--trace", help="trace file for a trace suite (`real`; default: the paper's LMSYS trace in traces/)"
+        )
     p.add_argument("--backend", default="sim", choices=list(BACKENDS))
     p.add_argument("--pool-tokens", type=int, help="memory pool size in tokens (default: the suite's)")
     p.add_argument("--duration", type=float, help="seconds of arrivals (default: the suite's)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--load-scale", type=int, default=1,
-                   help="send every request of the workload this many times (e.g. N for a cluster of N replicas)")
-    p.add_argument("--horizon", type=float, help="stop at this many seconds and abort what has not finished (default: serve every request)")
-    p.add_argument("--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h")
-    p.add_argument("--profile", help="cost-profile JSON to refit the simulator's forward pass (and the profiled cost) to")
-    p.add_argument("--testbed", default=DEFAULT_TESTBED,
-                   help=f"the simulator's testbed: {', '.join(TESTBEDS)} (default {DEFAULT_TESTBED}), or a file from `slora-vtc calibrate --out`")
-    p.add_argument("--jitter-ms", type=float, default=0.0,
-                   help="delay each arrival by up to this many ms (uniform, seeded by --seed): one member of an ensemble")
-    p.add_argument("--added-tokens", type=int, default=1,
-                   help="tokens the serving path adds to every prompt (default 1: the artifact's server puts a BOS before the client's text)")
-    p.add_argument("--lift", default=Lift.PAPER.value, choices=[Lift.PAPER.value, Lift.ARTIFACT.value], help="VTC counter lift rule")
-    p.add_argument("--extra-charge-at-finish", action="store_true", help="reproduce the artifact's extra decode charge when a request finishes")
-    p.add_argument("--dummy-adapters", "--adapters", dest="adapters", type=int,
-                   help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N (default: one per client on the simulator, "
-                        "none on a real backend; 0: none)")
+    p.add_argument(
+        "--load-scale",
+        type=int,
+        default=1,
+        help="send every request of the workload this many times (e.g. N for a cluster of N replicas)",
+    )
+    p.add_argument(
+        "--horizon",
+        type=float,
+        help="stop at this many seconds and abort what has not finished (default: serve every request)",
+    )
+    p.add_argument(
+        "--cost", default="linear", choices=COSTS, help="service cost: linear (1 in, 2 out) or the profiled h"
+    )
+    p.add_argument(
+        "--profile", help="cost-profile JSON to refit the simulator's forward pass (and the profiled cost) to"
+    )
+    p.add_argument(
+        "--testbed",
+        default=DEFAULT_TESTBED,
+        help=f"the simulator's testbed: {', '.join(TESTBEDS)} (default {DEFAULT_TESTBED}), or a file from `slora-vtc calibrate --out`",
+    )
+    p.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=0.0,
+        help="delay each arrival by up to this many ms (uniform, seeded by --seed): one member of an ensemble",
+    )
+    p.add_argument(
+        "--added-tokens",
+        type=int,
+        default=1,
+        help="tokens the serving path adds to every prompt (default 1: the artifact's server puts a BOS before the client's text)",
+    )
+    p.add_argument(
+        "--lift",
+        default=Lift.PAPER.value,
+        choices=[Lift.PAPER.value, Lift.ARTIFACT.value],
+        help="VTC counter lift rule",
+    )
+    p.add_argument(
+        "--extra-charge-at-finish",
+        action="store_true",
+        help="reproduce the artifact's extra decode charge when a request finishes",
+    )
+    p.add_argument(
+        "--dummy-adapters",
+        "--adapters",
+        dest="adapters",
+        type=int,
+        help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N (default: one per client on the simulator, "
+        "none on a real backend; 0: none)",
+    )
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
     add_memory_args(p)
     add_cluster_args(p)
     real = p.add_argument_group("real backends (torch, triton)")
     add_model_args(real)
     add_lora_arg(real)
-    real.add_argument("--time-scale", type=float, default=1.0, help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)")
+    real.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="workload seconds per wall-clock second (e.g. 10: a 600 s suite in 60 s)",
+    )
 
 
 def add_memory_args(p) -> None:
     """The prefix cache, the admission rule and how VTC charges cached and recomputed tokens."""
-    p.add_argument("--prefix-cache", choices=["on", "off"], default="off",
-                   help="share the K/V of common prompt prefixes through a radix tree in the pool (default off: the paper's engine)")
-    p.add_argument("--admission", choices=list(ADMISSIONS), default="conservative",
-                   help="conservative: reserve each request's worst case (S-LoRA, the paper); optimistic: admit while slots are free "
-                        "and preempt by recompute when a decode step runs short (vLLM)")
-    p.add_argument("--charge-cached", type=float, default=1.0,
-                   help="VTC: weight of a cached prompt token in its counter, in [0, 1] (default 1: the paper's VTC; 0: extend tokens only)")
-    p.add_argument("--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes")
+    p.add_argument(
+        "--prefix-cache",
+        choices=["on", "off"],
+        default="off",
+        help="share the K/V of common prompt prefixes through a radix tree in the pool (default off: the paper's engine)",
+    )
+    p.add_argument(
+        "--admission",
+        choices=list(ADMISSIONS),
+        default="conservative",
+        help="conservative: reserve each request's worst case (S-LoRA, the paper); optimistic: admit while slots are free "
+        "and preempt by recompute when a decode step runs short (vLLM)",
+    )
+    p.add_argument(
+        "--charge-cached",
+        type=float,
+        default=1.0,
+        help="VTC: weight of a cached prompt token in its counter, in [0, 1] (default 1: the paper's VTC; 0: extend tokens only)",
+    )
+    p.add_argument(
+        "--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes"
+    )
 
 
 def router_help() -> str:
@@ -74,14 +132,44 @@ def router_help() -> str:
 def add_cluster_args(p) -> None:
     """Several replicas behind a router (simulator only)."""
     c = p.add_argument_group("a cluster of replicas (simulator)")
-    c.add_argument("--replicas", type=int, default=1, help="engines behind the router, each with its own pool, scheduler and clock (default 1)")
+    c.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engines behind the router, each with its own pool, scheduler and clock (default 1)",
+    )
     c.add_argument("--router", default="round-robin", help=f"{router_help()} (default round-robin)")
-    c.add_argument("--routers", type=int, default=1, help="global-vtc: router instances, each with its own queues and counters (default 1)")
-    c.add_argument("--router-sync", type=float, help="seconds between the routers' counter synchronisations (default: never; 0: always)")
-    c.add_argument("--ingress-skew", type=float, default=0.0,
-                   help="share of a client's requests entering by its home router, the rest in turn (default 0; 1: each client by one router)")
-    c.add_argument("--replica-pool-tokens", type=_int_list, default=(), metavar="N,N,...", help="pool of replica i: entry i mod the list's length")
-    c.add_argument("--replica-testbeds", type=_str_list, default=(), metavar="T,T,...", help="testbed of replica i: entry i mod the list's length")
+    c.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="global-vtc: router instances, each with its own queues and counters (default 1)",
+    )
+    c.add_argument(
+        "--router-sync",
+        type=float,
+        help="seconds between the routers' counter synchronisations (default: never; 0: always)",
+    )
+    c.add_argument(
+        "--ingress-skew",
+        type=float,
+        default=0.0,
+        help="share of a client's requests entering by its home router, the rest in turn (default 0; 1: each client by one router)",
+    )
+    c.add_argument(
+        "--replica-pool-tokens",
+        type=_int_list,
+        default=(),
+        metavar="N,N,...",
+        help="pool of replica i: entry i mod the list's length",
+    )
+    c.add_argument(
+        "--replica-testbeds",
+        type=_str_list,
+        default=(),
+        metavar="T,T,...",
+        help="testbed of replica i: entry i mod the list's length",
+    )
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -98,31 +186,67 @@ def _str_list(text: str) -> tuple[str, ...]:
 def add_model_args(p, backend: bool = False) -> None:
     if backend:
         p.add_argument("--backend", default="torch", choices=[b for b, e in BACKENDS.items() if e.runs_model])
-    p.add_argument("--model", help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: the backend's)")
+    p.add_argument(
+        "--model",
+        help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: the backend's)",
+    )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cpu for torch, cuda for triton)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU")
+    p.add_argument(
+        "--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on a CPU, float16 on a GPU"
+    )
 
 
 def add_lora_arg(p) -> None:
-    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
-                   help="a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors); repeat for more")
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors); repeat for more",
+    )
 
 
 def add_adapter_args(p) -> None:
     """--lora, --dummy-adapters, --adapter-rank: the adapters a real model serves."""
     add_lora_arg(p)
-    p.add_argument("--dummy-adapters", type=int, default=0, help="also N dummy adapters with random weights, named dummy-0 .. dummy-N-1")
+    p.add_argument(
+        "--dummy-adapters",
+        type=int,
+        default=0,
+        help="also N dummy adapters with random weights, named dummy-0 .. dummy-N-1",
+    )
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy adapters (default 8)")
 
 
 def experiment(args, scheduler: str) -> Experiment:
     exp = Experiment(
-        suite=args.suite, scheduler=scheduler, pool_tokens=args.pool_tokens, duration=args.duration, seed=args.seed,
-        cost=args.cost, lift=args.lift, extra_charge_at_finish=args.extra_charge_at_finish, profile=args.profile,
-        testbed=args.testbed, added_tokens=args.added_tokens, jitter_ms=args.jitter_ms,
-        backend=args.backend, trace=args.trace, model=args.model, adapters=args.adapters, adapter_rank=args.adapter_rank,
-        lora=tuple(args.lora), time_scale=args.time_scale, device=args.device, dtype=args.dtype,
-        horizon=args.horizon, load_scale=args.load_scale, prefix_cache=args.prefix_cache == "on", admission=args.admission, charge_cached=args.charge_cached, charge_recompute=args.charge_recompute,
+        suite=args.suite,
+        scheduler=scheduler,
+        pool_tokens=args.pool_tokens,
+        duration=args.duration,
+        seed=args.seed,
+        cost=args.cost,
+        lift=args.lift,
+        extra_charge_at_finish=args.extra_charge_at_finish,
+        profile=args.profile,
+        testbed=args.testbed,
+        added_tokens=args.added_tokens,
+        jitter_ms=args.jitter_ms,
+        backend=args.backend,
+        trace=args.trace,
+        model=args.model,
+        adapters=args.adapters,
+        adapter_rank=args.adapter_rank,
+        lora=tuple(args.lora),
+        time_scale=args.time_scale,
+        device=args.device,
+        dtype=args.dtype,
+        horizon=args.horizon,
+        load_scale=args.load_scale,
+        prefix_cache=args.prefix_cache == "on",
+        admission=args.admission,
+        charge_cached=args.charge_cached,
+        charge_recompute=args.charge_recompute,
         **cluster_fields(args),
     )
     check(exp)
@@ -130,8 +254,15 @@ def experiment(args, scheduler: str) -> Experiment:
 
 
 def cluster_fields(args) -> dict:
-    return dict(replicas=args.replicas, router=args.router, routers=args.routers, router_sync=args.router_sync, ingress_skew=args.ingress_skew,
-                replica_pool_tokens=tuple(args.replica_pool_tokens), replica_testbeds=tuple(args.replica_testbeds))
+    return dict(
+        replicas=args.replicas,
+        router=args.router,
+        routers=args.routers,
+        router_sync=args.router_sync,
+        ingress_skew=args.ingress_skew,
+        replica_pool_tokens=tuple(args.replica_pool_tokens),
+        replica_testbeds=tuple(args.replica_testbeds),
+    )
 
 
 def check_cluster(exp: Experiment) -> None:
@@ -170,7 +301,9 @@ def check(exp: Experiment) -> None:
     requests, config = exp.requests(workload), max(exp.replica_configs(), key=lambda c: c.pool_tokens)
     if requests and not any(fits_alone(r, config) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
-        raise UserError(f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)")
+        raise UserError(
+            f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)"
+        )
     if config.admission == "optimistic":
         _check_optimistic(exp, requests, config, scheduler.supports_preemption)
 
@@ -180,15 +313,19 @@ def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> N
     too_big = [r for r in requests if not fits_alone(r, config)]
     if too_big:
         r = max(too_big, key=lambda r: r.prompt_len + r.max_new_tokens)
-        raise UserError(f"--admission optimistic: a pool of {config.pool_tokens} tokens is too small for one request of suite '{exp.suite}' "
-                        f"({len(too_big)} cannot fit alone; the largest needs {r.prompt_len + r.max_new_tokens} tokens plus adapter slots)")
+        raise UserError(
+            f"--admission optimistic: a pool of {config.pool_tokens} tokens is too small for one request of suite '{exp.suite}' "
+            f"({len(too_big)} cannot fit alone; the largest needs {r.prompt_len + r.max_new_tokens} tokens plus adapter slots)"
+        )
     if not preemptible:
         raise UserError(f"--admission optimistic: scheduler '{exp.scheduler}' cannot take preempted requests back")
 
 
 def _check_real_options(exp: Experiment) -> None:
     if not exp.real_backend and (exp.model or exp.device or exp.dtype or exp.time_scale != 1.0):
-        raise UserError("--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)")
+        raise UserError(
+            "--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)"
+        )
     if exp.real_backend and exp.testbed != DEFAULT_TESTBED:
         raise UserError("--testbed applies to the simulator (--backend sim); a real backend measures its own steps")
     if exp.added_tokens < 0:
@@ -203,7 +340,9 @@ def _check_real_options(exp: Experiment) -> None:
     if exp.real_backend:  # before the check below, whose message would not name the adapter
         exp.adapter_table.check_fits(resolve_spec(exp.model_name), config.pool_tokens)
     elif exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
-        raise UserError(f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens")
+        raise UserError(
+            f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens"
+        )
 
 
 def result_name(exp: Experiment) -> str:
@@ -241,7 +380,9 @@ def cmd_run(args) -> int:
 def cmd_replay(args) -> int:
     path = Path(args.trace_file)
     if path.is_dir():
-        raise UserError(f"{path}: is a directory; replay takes a trace file (JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl)")
+        raise UserError(
+            f"{path}: is a directory; replay takes a trace file (JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl)"
+        )
     args.suite, args.trace = "real", args.trace_file
     return cmd_run(args)
 
@@ -285,12 +426,19 @@ def add_parsers(sub) -> None:
 
     compare = sub.add_parser("compare", help="run several schedulers on one suite and print a table")
     add_experiment_args(compare)
-    compare.add_argument("--schedulers", required=True, nargs="+", metavar="SPEC",
-                         help="scheduler specs separated by spaces (vtc fcfs wvtc:1,2,3,4), or by commas where no spec has one (vtc,fcfs,lcf)")
+    compare.add_argument(
+        "--schedulers",
+        required=True,
+        nargs="+",
+        metavar="SPEC",
+        help="scheduler specs separated by spaces (vtc fcfs wvtc:1,2,3,4), or by commas where no spec has one (vtc,fcfs,lcf)",
+    )
     compare.add_argument("--out", help="also write the runs to this result file (one line per scheduler)")
     compare.set_defaults(func=cmd_compare)
 
-    replay = sub.add_parser("replay", help="replay a trace file (JSONL / CSV / parquet / the paper's JSON / the artifact's .pkl)")
+    replay = sub.add_parser(
+        "replay", help="replay a trace file (JSONL / CSV / parquet / the paper's JSON / the artifact's .pkl)"
+    )
     replay.add_argument("trace_file", help="the trace to replay")
     add_experiment_args(replay, suite=False)
     replay.add_argument("--scheduler", required=True, help="scheduler spec, as for `run`")

@@ -28,7 +28,9 @@ def add_parsers(sub) -> None:
     figures.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     figures.set_defaults(func=cmd_figures)
 
-    docs = sub.add_parser("docs", help="refresh the numbers quoted in README.md, paper_repro.md, docs/ and benchmarks/README.md")
+    docs = sub.add_parser(
+        "docs", help="refresh the numbers quoted in README.md, paper_repro.md, docs/ and benchmarks/README.md"
+    )
     docs.add_argument("files", nargs="*", help="markdown files (default: every document of the repository)")
     mode = docs.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the files (the default)")

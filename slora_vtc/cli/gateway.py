@@ -5,33 +5,95 @@ def cmd_gateway(args) -> int:
     from slora_vtc.gateway.config import GatewayConfig
     from slora_vtc.gateway.run import run_gateway
 
-    run_gateway(GatewayConfig(upstreams=tuple(args.upstream), scheduler=args.scheduler, clients_file=args.clients,
-                              host=args.host, port=args.port, max_inflight=args.max_inflight, max_waiting=args.max_waiting,
-                              connect_timeout_s=args.connect_timeout, upstream_timeout_s=args.upstream_timeout,
-                              upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes,
-                              probe_interval_s=args.probe_interval, log_level=args.log_level, metrics_key=args.metrics_key,
-                              drain_s=args.drain_timeout, client_idle_s=args.client_idle_timeout))
+    run_gateway(
+        GatewayConfig(
+            upstreams=tuple(args.upstream),
+            scheduler=args.scheduler,
+            clients_file=args.clients,
+            host=args.host,
+            port=args.port,
+            max_inflight=args.max_inflight,
+            max_waiting=args.max_waiting,
+            connect_timeout_s=args.connect_timeout,
+            upstream_timeout_s=args.upstream_timeout,
+            upstream_api_key=args.upstream_api_key,
+            max_body_bytes=args.max_body_bytes,
+            probe_interval_s=args.probe_interval,
+            log_level=args.log_level,
+            metrics_key=args.metrics_key,
+            drain_s=args.drain_timeout,
+            client_idle_s=args.client_idle_timeout,
+        )
+    )
     return 0
 
 
 def add_parsers(sub) -> None:
-    gw = sub.add_parser("gateway", help="a fair OpenAI-compatible proxy in front of vLLM, `serve` or any OpenAI-compatible servers")
-    gw.add_argument("--upstream", action="append", required=True, metavar="URL",
-                    help="an upstream server's root URL, e.g. http://10.0.0.5:8000 (repeatable)")
-    gw.add_argument("--scheduler", default="vtc", help="scheduler spec needing only token counts: fcfs, rpm:N, vtc, lcf, wvtc:..., vtc-... (default: vtc)")
+    gw = sub.add_parser(
+        "gateway", help="a fair OpenAI-compatible proxy in front of vLLM, `serve` or any OpenAI-compatible servers"
+    )
+    gw.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="an upstream server's root URL, e.g. http://10.0.0.5:8000 (repeatable)",
+    )
+    gw.add_argument(
+        "--scheduler",
+        default="vtc",
+        help="scheduler spec needing only token counts: fcfs, rpm:N, vtc, lcf, wvtc:..., vtc-... (default: vtc)",
+    )
     gw.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, as for serve")
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--port", type=int, default=8080)
-    gw.add_argument("--max-inflight", type=int,
-                    help="requests in flight per upstream, fixed (default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)")
-    gw.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)")
+    gw.add_argument(
+        "--max-inflight",
+        type=int,
+        help="requests in flight per upstream, fixed (default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)",
+    )
+    gw.add_argument(
+        "--max-waiting",
+        type=int,
+        default=2048,
+        help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)",
+    )
     gw.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to an upstream (default 5)")
-    gw.add_argument("--upstream-timeout", type=float, default=300.0, help="seconds to wait for an upstream's next byte before a 504 (default 300)")
-    gw.add_argument("--upstream-api-key", help="send 'Authorization: Bearer KEY' to the upstreams (e.g. vLLM's --api-key)")
-    gw.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)")
-    gw.add_argument("--probe-interval", type=float, default=0.5, help="seconds between probes of the upstreams' health and queue metrics (default 0.5)")
+    gw.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for an upstream's next byte before a 504 (default 300)",
+    )
+    gw.add_argument(
+        "--upstream-api-key", help="send 'Authorization: Bearer KEY' to the upstreams (e.g. vLLM's --api-key)"
+    )
+    gw.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)"
+    )
+    gw.add_argument(
+        "--probe-interval",
+        type=float,
+        default=0.5,
+        help="seconds between probes of the upstreams' health and queue metrics (default 0.5)",
+    )
     gw.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
-    gw.add_argument("--client-idle-timeout", type=float, default=600.0, help="forget a client idle this many seconds (default 600; VTC lifts it on return)")
-    gw.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to let requests finish before cancelling them (default 30)")
-    gw.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="uvicorn's log level; warning and above drop the access log (default info)")
+    gw.add_argument(
+        "--client-idle-timeout",
+        type=float,
+        default=600.0,
+        help="forget a client idle this many seconds (default 600; VTC lifts it on return)",
+    )
+    gw.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGINT/SIGTERM, seconds to let requests finish before cancelling them (default 30)",
+    )
+    gw.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="uvicorn's log level; warning and above drop the access log (default info)",
+    )
     gw.set_defaults(func=cmd_gateway)

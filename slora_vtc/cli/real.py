@@ -16,8 +16,20 @@ def cmd_generate(args) -> int:
 
     prompts = [_ids(text) for text in args.prompt_ids]
     sampling = SamplingParams() if args.greedy else SamplingParams(args.temperature, args.top_k, args.top_p)
-    outputs = generate(args.model or get_backend(args.backend).default_model, prompts, args.max_new_tokens, sampling, args.ignore_eos, args.backend,
-                       args.device, args.dtype, args.seed, args.pool_tokens, adapters_of(args), args.use_lora)
+    outputs = generate(
+        args.model or get_backend(args.backend).default_model,
+        prompts,
+        args.max_new_tokens,
+        sampling,
+        args.ignore_eos,
+        args.backend,
+        args.device,
+        args.dtype,
+        args.seed,
+        args.pool_tokens,
+        adapters_of(args),
+        args.use_lora,
+    )
     for ids in outputs:
         print(",".join(map(str, ids)))
     return 0
@@ -43,19 +55,42 @@ def cmd_profile(args) -> int:
         grid = tuple((i, o) for i in _ids(args.inputs or "8,64,256,512") for o in _ids(args.outputs or "1,64,128,256"))
     model = args.model or get_backend(args.backend).default_model
     prefix_grid = _prefix_grid(args, model)
-    points, hits = measure_profile(args.backend, model, args.pool_tokens, grid, args.device, args.dtype, args.max_batch, progress=True,
-                                   adapters=adapters_of(args), prefix_grid=prefix_grid)
+    points, hits = measure_profile(
+        args.backend,
+        model,
+        args.pool_tokens,
+        grid,
+        args.device,
+        args.dtype,
+        args.max_batch,
+        progress=True,
+        adapters=adapters_of(args),
+        prefix_grid=prefix_grid,
+    )
     save_profile(points, args.out, hits)
-    rows = [{"input": p.input_len, "output": p.output_len, "batch": p.batch_size, "prefill_ms": 1000 * p.prefill_s,
-             "decode_ms": 1000 * p.decode_s} for p in points]
+    rows = [
+        {
+            "input": p.input_len,
+            "output": p.output_len,
+            "batch": p.batch_size,
+            "prefill_ms": 1000 * p.prefill_s,
+            "decode_ms": 1000 * p.decode_s,
+        }
+        for p in points
+    ]
     print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
     if hits:
-        rows = [{"cached": h.cached_len, "extend": h.extend_len, "batch": h.batch_size, "prefill_ms": 1000 * h.prefill_s} for h in hits]
+        rows = [
+            {"cached": h.cached_len, "extend": h.extend_len, "batch": h.batch_size, "prefill_ms": 1000 * h.prefill_s}
+            for h in hits
+        ]
         print("prefix hits:")
         print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
     elif not args.no_prefix_hits:
-        print(f"prefix hits: none of {', '.join(f'{c}+{e}' for c, e in PREFIX_GRID)} fits a pool of {args.pool_tokens} tokens"
-              " (--cached-lens, --extend-lens)")
+        print(
+            f"prefix hits: none of {', '.join(f'{c}+{e}' for c, e in PREFIX_GRID)} fits a pool of {args.pool_tokens} tokens"
+            " (--cached-lens, --extend-lens)"
+        )
     print(f"wrote {args.out}")
     return 0
 
@@ -74,11 +109,17 @@ def _prefix_grid(args, model: str) -> tuple[tuple[int, int], ...]:
 
 
 def add_parsers(sub) -> None:
-    gen = sub.add_parser("generate", help="generate token ids with the real model (one line per prompt, comma separated)")
+    gen = sub.add_parser(
+        "generate", help="generate token ids with the real model (one line per prompt, comma separated)"
+    )
     add_model_args(gen, backend=True)
     add_adapter_args(gen)
-    gen.add_argument("--use-lora", metavar="NAME", help="serve the prompts with this adapter (a --lora or dummy adapter name)")
-    gen.add_argument("--prompt-ids", action="append", required=True, help="comma-separated token ids; repeat for a batch")
+    gen.add_argument(
+        "--use-lora", metavar="NAME", help="serve the prompts with this adapter (a --lora or dummy adapter name)"
+    )
+    gen.add_argument(
+        "--prompt-ids", action="append", required=True, help="comma-separated token ids; repeat for a batch"
+    )
     gen.add_argument("--max-new-tokens", type=int, default=16)
     gen.add_argument("--greedy", action="store_true", help="argmax decoding (otherwise: sample)")
     gen.add_argument("--temperature", type=float, default=1.0)
@@ -89,15 +130,24 @@ def add_parsers(sub) -> None:
     gen.add_argument("--pool-tokens", type=int, help="memory pool in tokens (default: just enough)")
     gen.set_defaults(func=cmd_generate)
 
-    prof = sub.add_parser("profile", help="measure prefill and decode time per request on this hardware; writes a cost profile")
+    prof = sub.add_parser(
+        "profile", help="measure prefill and decode time per request on this hardware; writes a cost profile"
+    )
     add_model_args(prof, backend=True)
     add_adapter_args(prof)
-    prof.add_argument("--out", required=True, help="profile JSON (the format of the artifact's A10G profile, plus 'prefix_hits')")
-    prof.add_argument("--pool-tokens", type=int, default=10_000, help="pool size; pool // (input + output) requests run together")
+    prof.add_argument(
+        "--out", required=True, help="profile JSON (the format of the artifact's A10G profile, plus 'prefix_hits')"
+    )
+    prof.add_argument(
+        "--pool-tokens", type=int, default=10_000, help="pool size; pool // (input + output) requests run together"
+    )
     prof.add_argument("--inputs", help="comma-separated input lengths (default: the artifact's grid)")
     prof.add_argument("--outputs", help="comma-separated output lengths (default: the artifact's grid)")
     prof.add_argument("--max-batch", type=int, help="at most this many requests per point")
-    prof.add_argument("--cached-lens", help="comma-separated cached prefix lengths of the prefix-hit points (default 256,1024: those that fit)")
+    prof.add_argument(
+        "--cached-lens",
+        help="comma-separated cached prefix lengths of the prefix-hit points (default 256,1024: those that fit)",
+    )
     prof.add_argument("--extend-lens", help="comma-separated tokens computed after the cached prefix (default 32,128)")
     prof.add_argument("--no-prefix-hits", action="store_true", help="measure no prefix-hit points")
     prof.set_defaults(func=cmd_profile)

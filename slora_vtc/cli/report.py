@@ -24,20 +24,32 @@ def run_label(config: dict) -> str:
     if config.get("trace"):
         workload = f"{workload} ({config['trace']})"
     duration = config.get("duration")
-    parts = [workload, f"arrivals over {duration:g} s" if isinstance(duration, int | float) else None,
-             f"pool {config['pool_tokens']} tokens" if "pool_tokens" in config else None,
-             f"{config.get('cost', 'linear')} cost", f"backend {config.get('backend', 'sim')}",
-             f"seed {config['seed']}" if config.get("seed", 42) != 42 else None]
+    parts = [
+        workload,
+        f"arrivals over {duration:g} s" if isinstance(duration, int | float) else None,
+        f"pool {config['pool_tokens']} tokens" if "pool_tokens" in config else None,
+        f"{config.get('cost', 'linear')} cost",
+        f"backend {config.get('backend', 'sim')}",
+        f"seed {config['seed']}" if config.get("seed", 42) != 42 else None,
+    ]
     return ", ".join(p for p in parts if p)
 
 
 def summary_row(result: RunResult) -> dict:
     config = result.config
-    fair = metrics.fairness_summary(result, float(config.get("duration", 600)), cost_function(config.get("cost", "linear")), _weights(result))
+    fair = metrics.fairness_summary(
+        result, float(config.get("duration", 600)), cost_function(config.get("cost", "linear")), _weights(result)
+    )
     return {
-        "scheduler": config.get("scheduler", "?"), "diff max": fair.max, "diff avg": fair.avg, "diff var": fair.var,
-        "tok/s": metrics.throughput(result), "TTFT s": metrics.mean_response_time(result),
-        "done": result.count("finished"), "rej": result.count("rejected"), "abort": result.count("aborted"),
+        "scheduler": config.get("scheduler", "?"),
+        "diff max": fair.max,
+        "diff avg": fair.avg,
+        "diff var": fair.var,
+        "tok/s": metrics.throughput(result),
+        "TTFT s": metrics.mean_response_time(result),
+        "done": result.count("finished"),
+        "rej": result.count("rejected"),
+        "abort": result.count("aborted"),
     }
 
 
@@ -45,7 +57,9 @@ def summary_table(results: list[RunResult]) -> str:
     if not any(r.count("finished") for r in results):
         raise UserError("no request finished, so there is nothing to summarise")
     rows = [summary_row(r) for r in results]
-    labels = [line for label in dict.fromkeys(run_label(r.config) for r in results) for line in textwrap.wrap(label, WIDTH)]
+    labels = [
+        line for label in dict.fromkeys(run_label(r.config) for r in results) for line in textwrap.wrap(label, WIDTH)
+    ]
     legend = LEGEND + (" " + WEIGHTED if any(_weights(r) for r in results) else "")
     return "\n".join([*labels, plain_table(rows), *textwrap.wrap(legend, WIDTH)])
 

@@ -11,27 +11,52 @@ def cmd_serve(args) -> int:
     from slora_vtc.server.run import serve
 
     model = args.model or get_backend(args.backend).default_model
-    serve(ServerConfig(model=model, scheduler=args.scheduler, clients_file=args.clients, host=args.host, port=args.port,
-                       pool_tokens=args.pool_tokens, lora=tuple(args.lora), dummy_adapters=args.dummy_adapters,
-                       adapter_rank=args.adapter_rank, backend=args.backend, device=args.device,
-                       dtype=args.dtype, seed=args.seed, tokenizer=args.tokenizer, drain_s=args.drain_timeout,
-                       max_body_bytes=args.max_body_bytes, max_client_labels=args.max_client_labels,
-                       client_idle_s=args.client_idle_timeout, metrics_key=args.metrics_key, max_inflight=args.max_inflight,
-                       max_waiting=args.max_waiting, backlog=args.backlog, keep_alive_s=args.keep_alive_timeout,
-                       prefix_cache=args.prefix_cache))
+    serve(
+        ServerConfig(
+            model=model,
+            scheduler=args.scheduler,
+            clients_file=args.clients,
+            host=args.host,
+            port=args.port,
+            pool_tokens=args.pool_tokens,
+            lora=tuple(args.lora),
+            dummy_adapters=args.dummy_adapters,
+            adapter_rank=args.adapter_rank,
+            backend=args.backend,
+            device=args.device,
+            dtype=args.dtype,
+            seed=args.seed,
+            tokenizer=args.tokenizer,
+            drain_s=args.drain_timeout,
+            max_body_bytes=args.max_body_bytes,
+            max_client_labels=args.max_client_labels,
+            client_idle_s=args.client_idle_timeout,
+            metrics_key=args.metrics_key,
+            max_inflight=args.max_inflight,
+            max_waiting=args.max_waiting,
+            backlog=args.backlog,
+            keep_alive_s=args.keep_alive_timeout,
+            prefix_cache=args.prefix_cache,
+        )
+    )
     return 0
 
 
 def cmd_bench_http(args) -> int:
     from slora_vtc.server.bench import BenchConfig, run_bench
 
-    result = run_bench(BenchConfig(args.trace_file, args.url, time_scale=args.time_scale, duration=args.duration,
-                                   clients_file=args.clients))
+    result = run_bench(
+        BenchConfig(
+            args.trace_file, args.url, time_scale=args.time_scale, duration=args.duration, clients_file=args.clients
+        )
+    )
     return report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
 
 
 def add_parsers(sub) -> None:
-    srv = sub.add_parser("serve", help="serve the real model over HTTP (OpenAI API, S-LoRA's /generate) with a fair scheduler")
+    srv = sub.add_parser(
+        "serve", help="serve the real model over HTTP (OpenAI API, S-LoRA's /generate) with a fair scheduler"
+    )
     add_model_args(srv, backend=True)
     add_adapter_args(srv)
     srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
@@ -39,25 +64,68 @@ def add_parsers(sub) -> None:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--pool-tokens", type=int, default=10_000, help="memory pool size in tokens (default 10000)")
-    srv.add_argument("--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)")
-    srv.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them")
+    srv.add_argument(
+        "--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)"
+    )
+    srv.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them",
+    )
     srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
-    srv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)")
-    srv.add_argument("--max-client-labels", type=int, default=100, help="/metrics names the busiest N clients; the rest are client=\"other\" (default 100)")
-    srv.add_argument("--client-idle-timeout", type=float, default=600.0, help="forget a client idle this many seconds (default 600; VTC lifts it on return)")
+    srv.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)"
+    )
+    srv.add_argument(
+        "--max-client-labels",
+        type=int,
+        default=100,
+        help='/metrics names the busiest N clients; the rest are client="other" (default 100)',
+    )
+    srv.add_argument(
+        "--client-idle-timeout",
+        type=float,
+        default=600.0,
+        help="forget a client idle this many seconds (default 600; VTC lifts it on return)",
+    )
     srv.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
-    srv.add_argument("--max-inflight", type=int, default=4096, help="generation requests handled at once; more get a 503 with Retry-After (default 4096)")
-    srv.add_argument("--max-waiting", type=int, default=2048, help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)")
-    srv.add_argument("--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)")
-    srv.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after this many seconds (default 5)")
-    srv.add_argument("--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)")
+    srv.add_argument(
+        "--max-inflight",
+        type=int,
+        default=4096,
+        help="generation requests handled at once; more get a 503 with Retry-After (default 4096)",
+    )
+    srv.add_argument(
+        "--max-waiting",
+        type=int,
+        default=2048,
+        help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)",
+    )
+    srv.add_argument(
+        "--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)"
+    )
+    srv.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=5.0,
+        help="close idle keep-alive connections after this many seconds (default 5)",
+    )
+    srv.add_argument(
+        "--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)"
+    )
     srv.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench-http", help="replay a trace against a server over HTTP; writes a result file")
     bench.add_argument("trace_file", help="the trace to replay (JSONL / CSV / the paper's JSON / the artifact's .pkl)")
     bench.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     bench.add_argument("--out", help="result file (default: results/http_TRACE.jsonl)")
-    bench.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per wall-clock second (e.g. 10: a 600 s trace in 60 s)")
+    bench.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="trace seconds per wall-clock second (e.g. 10: a 600 s trace in 60 s)",
+    )
     bench.add_argument("--duration", type=float, help="replay only the requests sent before this trace time (s)")
     bench.add_argument("--clients", help="clients file: send each client's API key instead of X-Client-Id")
     bench.set_defaults(func=cmd_bench_http)

@@ -23,7 +23,9 @@ def cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else Path("results") / f"{Path(args.grid).stem}.parquet"
     table = SweepTable(out)
     todo = [c for c in cells if c.id not in table.finished()]
-    failed = _run(todo, args, use_ray, table, f"{len(cells)} cells: {len(cells) - len(todo)} already in {out}, {len(todo)} to run")
+    failed = _run(
+        todo, args, use_ray, table, f"{len(cells)} cells: {len(cells) - len(todo)} already in {out}, {len(todo)} to run"
+    )
     labels = {c.id: c.label for c in cells}
     for row in failed:
         print(f"failed: {labels[row['cell']]}: {row['error']}", file=sys.stderr)
@@ -81,7 +83,9 @@ def _collect(rows, total: int, table) -> list[dict]:
     revision, failed = git_revision(), []
     with tqdm(total=total, desc="sweep", unit="run", disable=not total) as bar:
         for row in rows:
-            table.add({**row, "git_rev": revision, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            table.add(
+                {**row, "git_rev": revision, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            )
             if row["status"] != OK:
                 failed.append(row)
             bar.set_postfix(failed=len(failed), refresh=False)
@@ -100,7 +104,9 @@ def git_revision() -> str:
     import subprocess
 
     try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return proc.stdout.strip() if proc.returncode == 0 else "unknown"
@@ -119,12 +125,22 @@ def cmd_plot_sweep(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    sweep = sub.add_parser("sweep", help="run a grid of experiments (a TOML file) as Ray tasks into one parquet table",
-                           description=__doc__.split("\n\n")[1].replace("\n", " "))
-    sweep.add_argument("grid", help="grid file: [grid] maps settings (suite, scheduler, seed, duration, ...) to lists; [fixed] sets shared ones")
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a grid of experiments (a TOML file) as Ray tasks into one parquet table",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    sweep.add_argument(
+        "grid",
+        help="grid file: [grid] maps settings (suite, scheduler, seed, duration, ...) to lists; [fixed] sets shared ones",
+    )
     sweep.add_argument("--out", help="the table (default: results/GRID.parquet); a rerun skips the cells it has as ok")
-    sweep.add_argument("--address", help="a Ray cluster: HOST:PORT, ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray)")
-    sweep.add_argument("--local", action="store_true", help="run here without Ray (also what happens when Ray is not installed)")
+    sweep.add_argument(
+        "--address", help="a Ray cluster: HOST:PORT, ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray)"
+    )
+    sweep.add_argument(
+        "--local", action="store_true", help="run here without Ray (also what happens when Ray is not installed)"
+    )
     sweep.add_argument("--jobs", type=int, help="runs at once (default: every core for a local Ray, 1 with --local)")
     sweep.set_defaults(func=cmd_sweep)
 

@@ -39,10 +39,14 @@ class Cluster:
         self._active = [False] * len(engines)
         self._idle: set[int] = set(range(len(engines)))
         self._heap: list[tuple[float, int]] = []
-        self._idle_tried: set[int] = set()  # pull: idle replicas that found nothing to pull since the queue last changed
+        self._idle_tried: set[int] = (
+            set()
+        )  # pull: idle replicas that found nothing to pull since the queue last changed
 
     @classmethod
-    def build(cls, router: Router, make_engine: Callable[[int, object], Engine], n: int, new_scheduler: NewScheduler) -> "Cluster":
+    def build(
+        cls, router: Router, make_engine: Callable[[int, object], Engine], n: int, new_scheduler: NewScheduler
+    ) -> "Cluster":
         """`make_engine(i, scheduler)` builds replica i around the scheduler the router gives it."""
         holder: list[Cluster] = []
         schedulers = router.schedulers(n, new_scheduler, lambda req, i: holder[0]._admitted(req, i))
@@ -55,6 +59,7 @@ class Cluster:
             self.router.on_end(req, self.replica_of.get(req.rid, -1))
             if inner:
                 inner(req)
+
         return ended
 
     def _admitted(self, req: Request, i: int) -> None:
@@ -67,7 +72,9 @@ class Cluster:
         return max(e.clock.now() for e in self.engines)
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self, requests: Iterable[Request], until: float | None = None, on_step: StepHook | None = None) -> list[Request]:
+    def run(
+        self, requests: Iterable[Request], until: float | None = None, on_step: StepHook | None = None
+    ) -> list[Request]:
         """Serve requests arriving at their `arrival` times until every one has ended (or abort
         what is left at `until`). Requests without a number (rid < 0) get one, unique in the cluster.
         `on_step`, if given, sees every single step (no macro-steps then)."""

@@ -38,7 +38,9 @@ class GlobalVTC(Router):
             return new_scheduler()
         routers = [new_scheduler() for _ in range(o.routers)]
         if not all(isinstance(r, VTC) for r in routers):
-            raise UserError(f"--routers {o.routers}: each router keeps VTC counters, so --scheduler must be a VTC (vtc, wvtc, lcf, vtc-...)")
+            raise UserError(
+                f"--routers {o.routers}: each router keeps VTC counters, so --scheduler must be a VTC (vtc, wvtc, lcf, vtc-...)"
+            )
         return RouterGroup(routers, Ingress(o.routers, o.clients, o.ingress_skew, o.seed), o.sync_s)
 
     def route(self, req: Request, engines: list[Engine]) -> int:

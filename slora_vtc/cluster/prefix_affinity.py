@@ -31,7 +31,9 @@ class PrefixAffinity(Router):
         self._owner: list[int] = []
 
     def _build(self, n: int) -> None:
-        points = sorted((stable_hash(f"replica-{i}-{v}".encode()), i) for i in range(n) for v in range(POINTS_PER_REPLICA))
+        points = sorted(
+            (stable_hash(f"replica-{i}-{v}".encode()), i) for i in range(n) for v in range(POINTS_PER_REPLICA)
+        )
         self._ring = [p for p, _ in points]
         self._owner = [i for _, i in points]
 

@@ -29,19 +29,32 @@ class RouterEntry:
 
 
 def _prefix_affinity(arg: str | None, o: RouterOptions) -> PrefixAffinity:
-    return PrefixAffinity() if arg is None else PrefixAffinity(positive_arg("router", f"prefix-affinity:{arg}", arg, "the prefix length", int))
+    return (
+        PrefixAffinity()
+        if arg is None
+        else PrefixAffinity(positive_arg("router", f"prefix-affinity:{arg}", arg, "the prefix length", int))
+    )
 
 
 ROUTERS: dict[str, RouterEntry] = {
     "round-robin": RouterEntry(lambda a, o: RoundRobin(), "request k to replica k mod N"),
     "least-load": RouterEntry(lambda a, o: LeastLoad(), "the replica with the fewest waiting + running tokens"),
-    "prefix-affinity": RouterEntry(_prefix_affinity, "consistent hashing of the first K prompt token ids (default 64; the client without ids)",
-                                   "K", optional=True),
-    "d2lpm": RouterEntry(lambda a, o: D2LPM(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
-                         "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding (replicas run dlpm:Q_u)",
-                         "QW"),
-    "global-vtc": RouterEntry(lambda a, o: GlobalVTC(o), "replicas pull from one cluster-wide --scheduler (a VTC: least service first); "
-                              "--routers K: K routers synchronised every --router-sync s"),
+    "prefix-affinity": RouterEntry(
+        _prefix_affinity,
+        "consistent hashing of the first K prompt token ids (default 64; the client without ids)",
+        "K",
+        optional=True,
+    ),
+    "d2lpm": RouterEntry(
+        lambda a, o: D2LPM(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
+        "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding (replicas run dlpm:Q_u)",
+        "QW",
+    ),
+    "global-vtc": RouterEntry(
+        lambda a, o: GlobalVTC(o),
+        "replicas pull from one cluster-wide --scheduler (a VTC: least service first); "
+        "--routers K: K routers synchronised every --router-sync s",
+    ),
 }
 
 
@@ -55,5 +68,7 @@ def build_router(spec: str, options: RouterOptions = RouterOptions()) -> Router:
     entry, arg = resolve_spec("router", spec, ROUTERS)
     router = entry.factory(arg, options)
     if options.routers > 1 and not isinstance(router, GlobalVTC):
-        raise UserError(f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{spec.partition(':')[0]}'")
+        raise UserError(
+            f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{spec.partition(':')[0]}'"
+        )
     return router

@@ -17,17 +17,27 @@ from slora_vtc.sched.base import Scheduler
 
 def replica_engine(config: EngineConfig, backend: ModelBackend, scheduler: Scheduler) -> Engine:
     backend.warmup()
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
+    memory = MemoryManager(
+        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
+    )
     return Engine(config, scheduler, backend, VirtualClock(), memory)
 
 
-def build_cluster(router: Router, configs: list[EngineConfig], backends: list[ModelBackend], new_scheduler: NewScheduler) -> Cluster:
+def build_cluster(
+    router: Router, configs: list[EngineConfig], backends: list[ModelBackend], new_scheduler: NewScheduler
+) -> Cluster:
     """Replica i: configs[i] and backends[i], around the scheduler the router gives it."""
     return Cluster.build(router, lambda i, s: replica_engine(configs[i], backends[i], s), len(configs), new_scheduler)
 
 
-def serve_cluster(cluster: Cluster, requests: list[Request], progress: bool = False, label: str = "", horizon: float | None = None,
-                  on_step: StepHook | None = None) -> float:
+def serve_cluster(
+    cluster: Cluster,
+    requests: list[Request],
+    progress: bool = False,
+    label: str = "",
+    horizon: float | None = None,
+    on_step: StepHook | None = None,
+) -> float:
     """Serve requests arriving at their times until each has ended; returns the total time."""
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
         hooks = [_counting(e.on_end, bar) for e in cluster.engines]
@@ -41,4 +51,5 @@ def _counting(inner: Callable[[Request], None], bar) -> Callable[[Request], None
     def ended(req: Request) -> None:
         inner(req)
         bar.update()
+
     return ended

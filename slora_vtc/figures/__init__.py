@@ -54,7 +54,9 @@ def render_figures(names: list[str] | None, out: Path, jobs: int = 0) -> list[Pa
     out.mkdir(parents=True, exist_ok=True)
     results = run_all([e for f in figures for e in f.experiments], jobs or os.cpu_count() or 1)
     numbers_path = out / NUMBERS_FILE
-    numbers = json.loads(numbers_path.read_text()) if names and numbers_path.exists() else {}  # all figures: start afresh
+    numbers = (
+        json.loads(numbers_path.read_text()) if names and numbers_path.exists() else {}
+    )  # all figures: start afresh
     written = []
     for figure in tqdm(figures, desc="figures", unit="fig"):
         numbers[figure.name] = figure.draw(results, out)

@@ -27,7 +27,9 @@ class Figure:
 TABLE_HORIZON_S = 600.0  # the artifact's fairness tables cut every run at 600 s, the 360 s ones too
 
 
-def run_numbers(result: RunResult, duration: float, cost: CostFunction = LinearCost(), weights: dict[str, float] | None = None) -> dict:
+def run_numbers(
+    result: RunResult, duration: float, cost: CostFunction = LinearCost(), weights: dict[str, float] | None = None
+) -> dict:
     """The numbers paper_repro.md quotes for one run of `duration` seconds of arrivals (with
     `weights`, the fairness table compares service / weight)."""
     clients = result.clients
@@ -46,7 +48,9 @@ def run_numbers(result: RunResult, duration: float, cost: CostFunction = LinearC
         "service_difference_max": round(float(diff.max()), 1),
         "service_difference_at_end": round(float(diff[-1]), 1),
         "service_difference_by_time": {f"{t:g}": round(float(d), 1) for t, d in zip(ticks, diff)},
-        "response_time_range_s": {c: [round(float(np.nanmin(v)), 1), round(float(np.nanmax(v)), 1)] for c, v in curves.items()},
+        "response_time_range_s": {
+            c: [round(float(np.nanmin(v)), 1), round(float(np.nanmax(v)), 1)] for c, v in curves.items()
+        },
         "fairness": {"max": round(fair.max, 1), "avg": round(fair.avg, 1), "var": round(fair.var, 1)},
         "finished": result.count("finished"),
         "rejected": result.count("rejected"),

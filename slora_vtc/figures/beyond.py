@@ -21,12 +21,21 @@ WORKLOADS = ("qa", "tot", "judge", "chat")
 VARIANTS = ("", "_s1", "_s2")
 QUANTA = (2000, 8000, 32000)  # dlpm.md section 6 recommends ~8k
 FRONTIER_QUANTA = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000)
-LOCALITY = {"FCFS": dict(scheduler="fcfs"), "LPM": dict(scheduler="lpm"), "VTC": dict(scheduler="vtc"),
-            "VTC extend": dict(scheduler="vtc", charge_cached=0.0), **{f"DLPM {q // 1000}k": dict(scheduler=f"dlpm:{q}") for q in QUANTA}}
+LOCALITY = {
+    "FCFS": dict(scheduler="fcfs"),
+    "LPM": dict(scheduler="lpm"),
+    "VTC": dict(scheduler="vtc"),
+    "VTC extend": dict(scheduler="vtc", charge_cached=0.0),
+    **{f"DLPM {q // 1000}k": dict(scheduler=f"dlpm:{q}") for q in QUANTA},
+}
 PREEMPTION_SUITES = ("overload", "proportional", "real")
-ADMISSION = {"VTC conservative": dict(scheduler="vtc"), "VTC optimistic": dict(scheduler="vtc", admission="optimistic"),
-             "VTC optimistic, recompute charged": dict(scheduler="vtc", admission="optimistic", charge_recompute=True),
-             "FCFS conservative": dict(scheduler="fcfs"), "FCFS optimistic": dict(scheduler="fcfs", admission="optimistic")}
+ADMISSION = {
+    "VTC conservative": dict(scheduler="vtc"),
+    "VTC optimistic": dict(scheduler="vtc", admission="optimistic"),
+    "VTC optimistic, recompute charged": dict(scheduler="vtc", admission="optimistic", charge_recompute=True),
+    "FCFS conservative": dict(scheduler="fcfs"),
+    "FCFS optimistic": dict(scheduler="fcfs", admission="optimistic"),
+}
 
 
 def _prefix_run(suite: str, settings: dict) -> Experiment:
@@ -41,9 +50,13 @@ def jain(result, duration: float) -> float:
 
 def locality_numbers(result, duration: float) -> dict:
     rates = metrics.window_service_rates(result, duration / 4, duration)
-    return {"throughput_tok_s": round(metrics.throughput(result), 1), "cache_hit_rate": round(metrics.cache_hit_rate(result), 3),
-            "jain": round(jain(result, duration), 3), "service_rate_tok_s": {c: round(v, 1) for c, v in rates.items()},
-            "mean_response_s": {c: round(metrics.mean_response_time(result, c), 2) for c in result.clients}}
+    return {
+        "throughput_tok_s": round(metrics.throughput(result), 1),
+        "cache_hit_rate": round(metrics.cache_hit_rate(result), 3),
+        "jain": round(jain(result, duration), 3),
+        "service_rate_tok_s": {c: round(v, 1) for c, v in rates.items()},
+        "mean_response_s": {c: round(metrics.mean_response_time(result, c), 2) for c in result.clients},
+    }
 
 
 def _locality() -> Figure:
@@ -51,7 +64,10 @@ def _locality() -> Figure:
     runs = {(s, label): _prefix_run(s, settings) for s in suites for label, settings in LOCALITY.items()}
 
     def draw(results: Results, out: Path) -> dict:
-        numbers = {s: {label: locality_numbers(results[runs[s, label]], SUITES[s].duration) for label in LOCALITY} for s in suites}
+        numbers = {
+            s: {label: locality_numbers(results[runs[s, label]], SUITES[s].duration) for label in LOCALITY}
+            for s in suites
+        }
         _bars(numbers, suites, "throughput_tok_s", "throughput (tokens/s)", out / "prefix_throughput.png")
         _bars(numbers, suites, "cache_hit_rate", "prefix cache hit rate", out / "prefix_hit_rate.png")
         _bars(numbers, suites, "jain", "Jain's index of service rates", out / "prefix_locality.png")
@@ -63,14 +79,25 @@ def _locality() -> Figure:
         _write(out / "tables" / "prefix_locality.md", _locality_table(numbers, suites))
         _write(out / "tables" / "prefix_suites.md", _suite_table(suites))
         numbers["best_dlpm_vs_vtc"] = _best_dlpm(numbers, suites)
-        numbers["best_dlpm_vs_vtc_outside_qa"] = _best_dlpm(numbers, [s for s in suites if not s.startswith("prefix_qa")])
+        numbers["best_dlpm_vs_vtc_outside_qa"] = _best_dlpm(
+            numbers, [s for s in suites if not s.startswith("prefix_qa")]
+        )
         return numbers
 
-    return Figure("prefix_locality", "-", "prefix suites: throughput, cache hit rate and Jain's index per scheduler", tuple(runs.values()), draw)
+    return Figure(
+        "prefix_locality",
+        "-",
+        "prefix suites: throughput, cache hit rate and Jain's index per scheduler",
+        tuple(runs.values()),
+        draw,
+    )
 
 
 def _best_dlpm(numbers: dict, suites: list[str]) -> dict:
-    best = max(((s, label) for s in suites for label in LOCALITY if label.startswith("DLPM")), key=lambda k: numbers[k[0]][k[1]]["throughput_vs_vtc"])
+    best = max(
+        ((s, label) for s in suites for label in LOCALITY if label.startswith("DLPM")),
+        key=lambda k: numbers[k[0]][k[1]]["throughput_vs_vtc"],
+    )
     return {"suite": best[0], "scheduler": best[1], "ratio": numbers[best[0]][best[1]]["throughput_vs_vtc"]}
 
 
@@ -84,22 +111,30 @@ def _locality_table(numbers: dict, suites: list[str]) -> str:
     labels = list(LOCALITY)
     lines = ["| suite | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for s in suites:
-        cells = [f"{numbers[s][k]['throughput_tok_s']:,.0f} ({numbers[s][k]['throughput_tok_s'] / numbers[s]['VTC']['throughput_tok_s']:.2f}x), "
-                 f"{numbers[s][k]['cache_hit_rate']:.0%}, {numbers[s][k]['jain']:.2f}" for k in labels]
+        cells = [
+            f"{numbers[s][k]['throughput_tok_s']:,.0f} ({numbers[s][k]['throughput_tok_s'] / numbers[s]['VTC']['throughput_tok_s']:.2f}x), "
+            f"{numbers[s][k]['cache_hit_rate']:.0%}, {numbers[s][k]['jain']:.2f}"
+            for k in labels
+        ]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _suite_table(suites: list[str]) -> str:
     """What each prefix suite offers, per client (seed 42, the whole duration)."""
-    lines = ["| suite | duration (s) | client | requests | mean prompt | mean output | offered tokens/s (in + out) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| suite | duration (s) | client | requests | mean prompt | mean output | offered tokens/s (in + out) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in suites:
         workload = SUITES[s].workload()
         for client in workload.clients:
             mine = [r for r in workload.specs if r.client == client]
             prompt, output = sum(r.prompt_len for r in mine), sum(r.output_len for r in mine)
-            lines.append(f"| {s} | {workload.duration:g} | {client} | {len(mine):,} | {prompt / len(mine):,.0f} | {output / len(mine):,.0f} | "
-                         f"{(prompt + output) / workload.duration:,.0f} |")
+            lines.append(
+                f"| {s} | {workload.duration:g} | {client} | {len(mine):,} | {prompt / len(mine):,.0f} | {output / len(mine):,.0f} | "
+                f"{(prompt + output) / workload.duration:,.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -122,15 +157,22 @@ def _service_over_time(results: Results, runs: dict, out: Path) -> None:
         fig, axes = panels(len(LOCALITY) * len(suites), width=3.4, height=2.6, rows=len(suites))
         for row, s in enumerate(suites):
             for col, label in enumerate(LOCALITY):
-                service_rate_panel(axes[row * len(LOCALITY) + col], results[runs[s, label]], SUITES[s].duration, f"{s}: {label}")
+                service_rate_panel(
+                    axes[row * len(LOCALITY) + col], results[runs[s, label]], SUITES[s].duration, f"{s}: {label}"
+                )
         fig.suptitle(f"service rate per client over time, prefix_{workload} (client 0 misbehaves in S1 / S2)")
         save(fig, out / f"prefix_service_{workload}.png")
 
 
 def _frontier() -> Figure:
     suites = [f"prefix_{w}_s1" for w in WORKLOADS]
-    points = {"VTC": dict(scheduler="vtc"), "VTC extend": dict(scheduler="vtc", charge_cached=0.0), "LPM": dict(scheduler="lpm"),
-              "FCFS": dict(scheduler="fcfs"), **{f"DLPM {q}": dict(scheduler=f"dlpm:{q}") for q in FRONTIER_QUANTA}}
+    points = {
+        "VTC": dict(scheduler="vtc"),
+        "VTC extend": dict(scheduler="vtc", charge_cached=0.0),
+        "LPM": dict(scheduler="lpm"),
+        "FCFS": dict(scheduler="fcfs"),
+        **{f"DLPM {q}": dict(scheduler=f"dlpm:{q}") for q in FRONTIER_QUANTA},
+    }
     runs = {(s, label): _prefix_run(s, settings) for s in suites for label, settings in points.items()}
 
     def draw(results: Results, out: Path) -> dict:
@@ -138,44 +180,66 @@ def _frontier() -> Figure:
         numbers = {}
         for ax, s in zip(axes, suites):
             d = SUITES[s].duration
-            got = {label: (metrics.throughput(results[runs[s, label]]), jain(results[runs[s, label]], d)) for label in points}
+            got = {
+                label: (metrics.throughput(results[runs[s, label]]), jain(results[runs[s, label]], d))
+                for label in points
+            }
             dlpm = [got[f"DLPM {q}"] for q in FRONTIER_QUANTA]
             ax.plot([t for t, _ in dlpm], [j for _, j in dlpm], marker="o", color="C0", label="DLPM, Q = 500 .. 64k")
             for q, (t, j) in zip(FRONTIER_QUANTA, dlpm):
-                ax.annotate(f"{q // 1000}k" if q >= 1000 else str(q), (t, j), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+                ax.annotate(
+                    f"{q // 1000}k" if q >= 1000 else str(q),
+                    (t, j),
+                    fontsize="x-small",
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
             for k, label in enumerate(("VTC", "VTC extend", "LPM", "FCFS")):
                 ax.scatter(*got[label], marker="s", color=f"C{k + 1}", label=label, zorder=3)
             ax.set(title=s, xlabel="throughput (tokens/s)", ylabel="Jain's index")
             ax.legend(fontsize="x-small")
-            numbers[s] = {label: {"throughput_tok_s": round(t, 1), "jain": round(j, 3)} for label, (t, j) in got.items()}
+            numbers[s] = {
+                label: {"throughput_tok_s": round(t, 1), "jain": round(j, 3)} for label, (t, j) in got.items()
+            }
         fig.suptitle("fairness against throughput as DLPM's quantum grows (after the DLPM paper's Fig 1)")
         save(fig, out / "dlpm_frontier.png")
         return numbers
 
-    return Figure("dlpm_frontier", "-", "DLPM's fairness-throughput frontier over its quantum", tuple(runs.values()), draw)
+    return Figure(
+        "dlpm_frontier", "-", "DLPM's fairness-throughput frontier over its quantum", tuple(runs.values()), draw
+    )
 
 
 def preemption_numbers(result, duration: float, pool: int) -> dict:
     responses = result.responses
     ticks = metrics.synthetic_ticks(duration, per=20)
-    return {"throughput_tok_s": round(metrics.throughput(result), 1), "preemptions": sum(r.preemptions for r in responses),
-            "recomputed_tokens": sum(r.recomputed for r in responses),
-            "service_difference_max": round(float(metrics.service_difference(result, ticks).max()), 1),
-            "bound_2_wq_M": 2 * 2 * pool}
+    return {
+        "throughput_tok_s": round(metrics.throughput(result), 1),
+        "preemptions": sum(r.preemptions for r in responses),
+        "recomputed_tokens": sum(r.recomputed for r in responses),
+        "service_difference_max": round(float(metrics.service_difference(result, ticks).max()), 1),
+        "bound_2_wq_M": 2 * 2 * pool,
+    }
 
 
 def _preemption_table(numbers: dict) -> str:
-    lines = ["| suite | admission | throughput (tokens/s) | preemptions | recomputed tokens | max service difference | 2 w_q M |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| suite | admission | throughput (tokens/s) | preemptions | recomputed tokens | max service difference | 2 w_q M |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s, rows in numbers.items():
         for label, n in rows.items():
-            lines.append(f"| {s} | {label} | {n['throughput_tok_s']:,.1f} | {n['preemptions']:,} | {n['recomputed_tokens']:,} | "
-                         f"{n['service_difference_max']:,.0f} | {n['bound_2_wq_M']:,} |")
+            lines.append(
+                f"| {s} | {label} | {n['throughput_tok_s']:,.1f} | {n['preemptions']:,} | {n['recomputed_tokens']:,} | "
+                f"{n['service_difference_max']:,.0f} | {n['bound_2_wq_M']:,} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def _preemption() -> Figure:
-    runs = {(s, label): Experiment(suite=s, **settings) for s in PREEMPTION_SUITES for label, settings in ADMISSION.items()}
+    runs = {
+        (s, label): Experiment(suite=s, **settings) for s in PREEMPTION_SUITES for label, settings in ADMISSION.items()
+    }
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(len(PREEMPTION_SUITES))
@@ -183,16 +247,27 @@ def _preemption() -> Figure:
         for ax, s in zip(axes, PREEMPTION_SUITES):
             suite = SUITES[s]
             curves = {label: (results[runs[s, label]], suite.duration) for label in ADMISSION}
-            styles = {label: {"color": f"C{k}", "linestyle": "--" if "optimistic" in label else "-"} for k, label in enumerate(ADMISSION)}
+            styles = {
+                label: {"color": f"C{k}", "linestyle": "--" if "optimistic" in label else "-"}
+                for k, label in enumerate(ADMISSION)
+            }
             service_difference_panel(ax, curves, f"{s}: {suite.description}", styles=styles)
-            numbers[s] = {label: preemption_numbers(results[runs[s, label]], suite.duration, suite.pool_tokens) for label in ADMISSION}
+            numbers[s] = {
+                label: preemption_numbers(results[runs[s, label]], suite.duration, suite.pool_tokens)
+                for label in ADMISSION
+            }
         fig.suptitle("conservative (S-LoRA) against optimistic admission with preemption by recompute (vLLM)")
         save(fig, out / "preemption.png")
         _write(out / "tables" / "preemption.md", _preemption_table(numbers))
         return numbers
 
-    return Figure("preemption", "-", "conservative vs optimistic admission: service difference, preemptions, recompute",
-                  tuple(runs.values()), draw)
+    return Figure(
+        "preemption",
+        "-",
+        "conservative vs optimistic admission: service difference, preemptions, recompute",
+        tuple(runs.values()),
+        draw,
+    )
 
 
 FIGURES = [_locality(), _frontier(), _preemption()]

@@ -50,16 +50,33 @@ OPERATING_POINT = (20, 20 * (257 + 128))
 
 def draw(results: Results, out: Path) -> dict:
     steps = {tb: TESTBEDS[tb].decode_time(*OPERATING_POINT) for tb in REFERENCES}
-    numbers = {"decode_knee": TESTBEDS["a10g-2024"].decode_knee,
-               "decode_step_ms": {tb: round(1000 * t, 2) for tb, t in steps.items()},
-               "decode_step_difference_pct": round(100 * (steps["a10g-2023"] / steps["a10g-2024"] - 1), 1)}
+    numbers = {
+        "decode_knee": TESTBEDS["a10g-2024"].decode_knee,
+        "decode_step_ms": {tb: round(1000 * t, 2) for tb, t in steps.items()},
+        "decode_step_difference_pct": round(100 * (steps["a10g-2023"] / steps["a10g-2024"] - 1), 1),
+    }
     for testbed, (file, scheduler) in REFERENCES.items():
         model = TESTBEDS[testbed]
-        numbers[testbed] = {"overhead_ms": round(1000 * model.overhead_s, 2), "cold_start_s": model.cold_start_s, "reference": file,
-                            "runs": {f: _comparison(model, f, s) for f, s in REFERENCES.values()}}
-    numbers["previous"] = {"overhead_ms": 1000 * PREVIOUS.overhead_s, "runs": {f: _comparison(PREVIOUS, f, s, 0) for f, s in REFERENCES.values()}}
+        numbers[testbed] = {
+            "overhead_ms": round(1000 * model.overhead_s, 2),
+            "cold_start_s": model.cold_start_s,
+            "reference": file,
+            "runs": {f: _comparison(model, f, s) for f, s in REFERENCES.values()},
+        }
+    numbers["previous"] = {
+        "overhead_ms": 1000 * PREVIOUS.overhead_s,
+        "runs": {f: _comparison(PREVIOUS, f, s, 0) for f, s in REFERENCES.values()},
+    }
     return numbers
 
 
-FIGURES = [Figure("calibration", "-", "the simulator's calibration on the measured runs (numbers only)", (), draw,
-                  tuple(f"{MEASURED}/{file}" for file, _ in REFERENCES.values()))]
+FIGURES = [
+    Figure(
+        "calibration",
+        "-",
+        "the simulator's calibration on the measured runs (numbers only)",
+        (),
+        draw,
+        tuple(f"{MEASURED}/{file}" for file, _ in REFERENCES.values()),
+    )
+]

@@ -19,7 +19,14 @@ def client_label(index: int) -> str:
     return f"client {index}"
 
 
-def service_rate_panel(ax, result: RunResult, duration: float, title: str, cost: CostFunction = LinearCost(), measured: RunResult | None = None):
+def service_rate_panel(
+    ax,
+    result: RunResult,
+    duration: float,
+    title: str,
+    cost: CostFunction = LinearCost(),
+    measured: RunResult | None = None,
+):
     ticks = metrics.synthetic_ticks(duration)
     ours = metrics.service_rate(result, ticks, cost)
     for i, client in enumerate(result.clients):
@@ -42,7 +49,9 @@ def _measured_curves(ax, measured: RunResult, curves):
         ax.plot(ticks, values[client], color=f"C{i}", label=f"{client_label(i)} (measured)", **MEASURED_STYLE)
 
 
-def response_time_panel(ax, result: RunResult, duration: float, title: str, ticks=None, measured: RunResult | None = None):
+def response_time_panel(
+    ax, result: RunResult, duration: float, title: str, ticks=None, measured: RunResult | None = None
+):
     ticks = metrics.synthetic_ticks(duration) if ticks is None else ticks
     times = metrics.response_time(result, ticks)
     for i, client in enumerate(result.clients):
@@ -53,7 +62,13 @@ def response_time_panel(ax, result: RunResult, duration: float, title: str, tick
     ax.legend(fontsize="small")
 
 
-def service_difference_panel(ax, curves: dict[str, tuple[RunResult, float]], title: str, cost: CostFunction = LinearCost(), styles: dict | None = None):
+def service_difference_panel(
+    ax,
+    curves: dict[str, tuple[RunResult, float]],
+    title: str,
+    cost: CostFunction = LinearCost(),
+    styles: dict | None = None,
+):
     """One line per label: the absolute difference of accumulated service over time."""
     for k, (label, (result, duration)) in enumerate(curves.items()):
         ticks = metrics.synthetic_ticks(duration, per=20)

@@ -2,10 +2,35 @@
 to draw them), plus its entry here, or `register_figure` from outside the package (docs/extending.md)."""
 
 from slora_vtc.errors import UserError
-from slora_vtc.figures import beyond, calibration, cluster, cost_profile, real, spread, synthetic, tables, testbeds, variants
+from slora_vtc.figures import (
+    beyond,
+    calibration,
+    cluster,
+    cost_profile,
+    real,
+    spread,
+    synthetic,
+    tables,
+    testbeds,
+    variants,
+)
 from slora_vtc.figures.base import Figure
 
-FIGURES: dict[str, Figure] = {f.name: f for f in [*synthetic.FIGURES, *variants.FIGURES, *cost_profile.FIGURES, *calibration.FIGURES, *real.FIGURES, *spread.FIGURES, *testbeds.FIGURES, *tables.FIGURES, *beyond.FIGURES, *cluster.FIGURES]}
+FIGURES: dict[str, Figure] = {
+    f.name: f
+    for f in [
+        *synthetic.FIGURES,
+        *variants.FIGURES,
+        *cost_profile.FIGURES,
+        *calibration.FIGURES,
+        *real.FIGURES,
+        *spread.FIGURES,
+        *testbeds.FIGURES,
+        *tables.FIGURES,
+        *beyond.FIGURES,
+        *cluster.FIGURES,
+    ]
+}
 
 
 def register_figure(figure: Figure) -> Figure:

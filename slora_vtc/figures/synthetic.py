@@ -9,7 +9,14 @@ from slora_vtc.data import MEASURED
 from slora_vtc.data import measured_run as measured_file
 from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results, run_numbers
-from slora_vtc.figures.plot import MEASURED_STYLE, panels, response_time_panel, save, service_difference_panel, service_rate_panel
+from slora_vtc.figures.plot import (
+    MEASURED_STYLE,
+    panels,
+    response_time_panel,
+    save,
+    service_difference_panel,
+    service_rate_panel,
+)
 from slora_vtc.results import RunResult, read_results
 from slora_vtc.suites import SUITES
 
@@ -26,8 +33,12 @@ class Measured:
     testbed: str
 
 
-def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, durations: dict[str, float] | None = None,
-                 extra: dict[str, Experiment] | None = None) -> Figure:
+def suite_figure(
+    suite_name: str,
+    measured: dict[str, Measured] | None = None,
+    durations: dict[str, float] | None = None,
+    extra: dict[str, Experiment] | None = None,
+) -> Figure:
     """`durations` overrides the suite's per scheduler, to match a measured run's own duration; a
     measured run is drawn dashed beside ours, simulated on its own testbed. `extra` runs are only
     reported in numbers.json."""
@@ -35,8 +46,15 @@ def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, d
     schedulers = suite.schedulers
     measured, extra = measured or {}, extra or {}
     duration = {s: (durations or {}).get(s, suite.duration) for s in schedulers}
-    experiments = {s: Experiment(suite=suite_name, scheduler=s, duration=(durations or {}).get(s),
-                                 **({"testbed": measured[s].testbed} if s in measured else {})) for s in schedulers}
+    experiments = {
+        s: Experiment(
+            suite=suite_name,
+            scheduler=s,
+            duration=(durations or {}).get(s),
+            **({"testbed": measured[s].testbed} if s in measured else {}),
+        )
+        for s in schedulers
+    }
 
     def draw(results: Results, out: Path) -> dict:
         runs = {s: results[e] for s, e in experiments.items()}
@@ -44,7 +62,7 @@ def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, d
         compare = len(schedulers) > 1
         fig, axes = panels(6, rows=2) if compare else panels(2)
         for k, s in enumerate(schedulers):
-            row = axes[3 * k:] if compare else axes
+            row = axes[3 * k :] if compare else axes
             service_rate_panel(row[0], runs[s], duration[s], f"{s.upper()}: service rate", measured=truth.get(s))
             response_time_panel(row[1], runs[s], duration[s], f"{s.upper()}: response time", measured=truth.get(s))
         if compare:
@@ -72,10 +90,18 @@ def suite_figure(suite_name: str, measured: dict[str, Measured] | None = None, d
 
 FIGURES = [
     # the artifact's measured VTC run lasted 360 s (June 2024), its FCFS run 600 s (December 2023)
-    suite_figure("overload", measured={"vtc": Measured("vtc_overload.jsonl", "a10g-2024"), "fcfs": Measured("fcfs_overload.jsonl", "a10g-2023")},
-                 durations={"vtc": 360.0},
-                 extra={"vtc 600 s": Experiment(suite="overload", scheduler="vtc"),  # what `slora-vtc run --suite overload` runs
-                        "fcfs on a10g-2024": Experiment(suite="overload", scheduler="fcfs")}),  # the sessions' difference
+    suite_figure(
+        "overload",
+        measured={
+            "vtc": Measured("vtc_overload.jsonl", "a10g-2024"),
+            "fcfs": Measured("fcfs_overload.jsonl", "a10g-2023"),
+        },
+        durations={"vtc": 360.0},
+        extra={
+            "vtc 600 s": Experiment(suite="overload", scheduler="vtc"),  # what `slora-vtc run --suite overload` runs
+            "fcfs on a10g-2024": Experiment(suite="overload", scheduler="fcfs"),
+        },
+    ),  # the sessions' difference
     suite_figure("proportional"),
     suite_figure("on_off_less"),
     suite_figure("on_off_overload"),

@@ -24,13 +24,24 @@ COLUMNS = ("max", "avg", "var", "throughput")
 
 
 def _experiments() -> dict[tuple[str, str, str], Experiment]:
-    return {(suite, s, cost): Experiment(suite=suite, scheduler=s, duration=duration, cost="linear" if s.split(":")[0] in COST_BLIND else cost)
-            for suite, duration in WORKLOADS.items() for s in SCHEDULERS for cost in ("linear", "profile")}
+    return {
+        (suite, s, cost): Experiment(
+            suite=suite, scheduler=s, duration=duration, cost="linear" if s.split(":")[0] in COST_BLIND else cost
+        )
+        for suite, duration in WORKLOADS.items()
+        for s in SCHEDULERS
+        for cost in ("linear", "profile")
+    }
 
 
 def row(result, cost: str) -> dict:
     fair = metrics.fairness_summary(result, TABLE_HORIZON_S, cost_function(cost), offered_cost=LinearCost())
-    return {"max": round(fair.max, 1), "avg": round(fair.avg, 1), "var": round(fair.var, 1), "throughput": round(metrics.throughput(result), 1)}
+    return {
+        "max": round(fair.max, 1),
+        "avg": round(fair.avg, 1),
+        "var": round(fair.var, 1),
+        "throughput": round(metrics.throughput(result), 1),
+    }
 
 
 def _markdown(rows: dict[str, dict], paper: dict) -> str:
@@ -76,8 +87,14 @@ def _tables() -> Figure:
         return numbers
 
     inputs = (PAPER_REPORTED, *(f"{MEASURED}/{file}" for _, file in MEASURED_RUNS.values()))
-    return Figure("fairness_tables", "tables", "the fairness tables: real, overload, overload-multi; linear and profiled cost",
-                  tuple(runs.values()), draw, inputs)
+    return Figure(
+        "fairness_tables",
+        "tables",
+        "the fairness tables: real, overload, overload-multi; linear and profiled cost",
+        tuple(runs.values()),
+        draw,
+        inputs,
+    )
 
 
 FIGURES = [_tables()]

@@ -34,7 +34,10 @@ def _ablation() -> Figure:
 
 def _weighted() -> Figure:
     suite = SUITES["overload_weighted"]
-    plain, weighted = Experiment(suite=suite.name, scheduler="vtc"), Experiment(suite=suite.name, scheduler="wvtc:1,2,3,4")
+    plain, weighted = (
+        Experiment(suite=suite.name, scheduler="vtc"),
+        Experiment(suite=suite.name, scheduler="wvtc:1,2,3,4"),
+    )
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -43,7 +46,10 @@ def _weighted() -> Figure:
         fig.suptitle(f"{suite.description} (paper Fig 16)")
         save(fig, out / "weighted.png")
         weights = scheduler_weights(weighted.scheduler, list(SUITES[suite.name].workload().clients))
-        numbers = {"vtc": run_numbers(results[plain], suite.duration), "wvtc": run_numbers(results[weighted], suite.duration, weights=weights)}
+        numbers = {
+            "vtc": run_numbers(results[plain], suite.duration),
+            "wvtc": run_numbers(results[weighted], suite.duration, weights=weights),
+        }
         for key in numbers:
             rates = numbers[key]["service_rate_tok_s"]
             base = rates["client0"]
@@ -58,7 +64,11 @@ PREDICTION_SCHEDULERS = {"VTC": "vtc", "VTC +-50% prediction": "vtc-pred:0.5", "
 
 def _prediction() -> Figure:
     cases = {"overload": 360.0, "overload_multi": 360.0}
-    runs = {(suite, label): Experiment(suite=suite, scheduler=spec, duration=d) for suite, d in cases.items() for label, spec in PREDICTION_SCHEDULERS.items()}
+    runs = {
+        (suite, label): Experiment(suite=suite, scheduler=spec, duration=d)
+        for suite, d in cases.items()
+        for label, spec in PREDICTION_SCHEDULERS.items()
+    }
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -70,18 +80,24 @@ def _prediction() -> Figure:
         save(fig, out / "length_prediction.png")
         return {f"{suite} {label}": run_numbers(results[e], cases[suite]) for (suite, label), e in runs.items()}
 
-    return Figure("length_prediction", "19", "length prediction on 2 and 8 backlogged clients", tuple(runs.values()), draw)
+    return Figure(
+        "length_prediction", "19", "length prediction on 2 and 8 backlogged clients", tuple(runs.values()), draw
+    )
 
 
 def _lift() -> Figure:
     """The rules differ only when a client arrives while nobody waits: rare under overload."""
     suites = ("overload_multi", "ablation_65k_512")
-    runs = {(s, lift): Experiment(suite=s, scheduler="vtc", lift=lift) for s in suites for lift in ("paper", "artifact")}
+    runs = {
+        (s, lift): Experiment(suite=s, scheduler="vtc", lift=lift) for s in suites for lift in ("paper", "artifact")
+    }
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(len(suites))
         for ax, suite in zip(axes, suites):
-            curves = {f"{lift} lift": (results[runs[suite, lift]], SUITES[suite].duration) for lift in ("paper", "artifact")}
+            curves = {
+                f"{lift} lift": (results[runs[suite, lift]], SUITES[suite].duration) for lift in ("paper", "artifact")
+            }
             service_difference_panel(ax, curves, suite)
         fig.suptitle("VTC's lift rules: the paper's (also lift when no client waits) vs the artifact's")
         save(fig, out / "lift_rules.png")

@@ -75,7 +75,9 @@ def _message_tokens(messages) -> int:
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+            content = "".join(
+                part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
         total += estimate_tokens(content) if isinstance(content, str) else 1
     return max(1, total)
 
@@ -93,7 +95,9 @@ class ApiKind:
     error_event: Callable[[ApiError], list[str]]  # the events that end a stream the upstream broke
     openai: bool = True
     chat: bool = False
-    streams_whole: Callable[[dict], bool] = lambda body: False  # a request that does not stream may be sent as a stream (assemble.py)
+    streams_whole: Callable[[dict], bool] = lambda body: (
+        False
+    )  # a request that does not stream may be sent as a stream (assemble.py)
 
     def upstream_body(self, body: dict, routing: Routing, as_stream: bool = False) -> bytes:
         """The body to send: the client's, with usage asked for when it streams (to reconcile);
@@ -132,24 +136,44 @@ def _choices_with(key: Callable[[dict], object]) -> Callable[[dict], int]:
     def count(event: dict) -> int:
         choices = event.get("choices")
         return sum(1 for c in choices if isinstance(c, dict) and key(c)) if isinstance(choices, list) else 0
+
     return count
 
 
 def _chat_delta(choice: dict) -> object:
     delta = choice.get("delta")
-    return isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
+    return isinstance(delta, dict) and (
+        delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+    )
 
 
 def _has_error(event: dict) -> bool:
     return "error" in event or event.get("object") == "error"  # the latter: older vLLM's error events
 
 
-COMPLETIONS = ApiKind("completions", "/v1/completions", lambda b: _openai_routing(b, chat=False),
-                      _choices_with(lambda c: c.get("text")), _openai_usage, lambda e: False, _has_error, _openai_error,
-                      streams_whole=lambda b: assembles(b, chat=False))
-CHAT = ApiKind("chat", "/v1/chat/completions", lambda b: _openai_routing(b, chat=True),
-               _choices_with(_chat_delta), _openai_usage, lambda e: False, _has_error, _openai_error,
-               chat=True, streams_whole=lambda b: assembles(b, chat=True))
+COMPLETIONS = ApiKind(
+    "completions",
+    "/v1/completions",
+    lambda b: _openai_routing(b, chat=False),
+    _choices_with(lambda c: c.get("text")),
+    _openai_usage,
+    lambda e: False,
+    _has_error,
+    _openai_error,
+    streams_whole=lambda b: assembles(b, chat=False),
+)
+CHAT = ApiKind(
+    "chat",
+    "/v1/chat/completions",
+    lambda b: _openai_routing(b, chat=True),
+    _choices_with(_chat_delta),
+    _openai_usage,
+    lambda e: False,
+    _has_error,
+    _openai_error,
+    chat=True,
+    streams_whole=lambda b: assembles(b, chat=True),
+)
 
 
 # S-LoRA's /generate and /generate_stream (what bench-http sends): one event per token, then a final one
@@ -174,15 +198,40 @@ def _generate_aborted(event: dict) -> bool:
 
 
 def _generate_error(error: ApiError) -> list[str]:
-    return [sse({"token": None, "generated_text": None, "finished": True,
-                 "details": {"finish_reason": "abort", "error": error.message}})]
+    return [
+        sse(
+            {
+                "token": None,
+                "generated_text": None,
+                "finished": True,
+                "details": {"finish_reason": "abort", "error": error.message},
+            }
+        )
+    ]
 
 
-GENERATE = ApiKind("generate", "/generate", lambda b: _generate_routing(b, stream=False), lambda e: 0, _generate_usage,
-                   lambda e: False, _generate_aborted, _generate_error, openai=False)
-GENERATE_STREAM = ApiKind("generate_stream", "/generate_stream", lambda b: _generate_routing(b, stream=True),
-                          lambda e: 1 if e.get("token") else 0, _generate_usage, lambda e: e.get("finished") is True,
-                          _generate_aborted, _generate_error, openai=False)
+GENERATE = ApiKind(
+    "generate",
+    "/generate",
+    lambda b: _generate_routing(b, stream=False),
+    lambda e: 0,
+    _generate_usage,
+    lambda e: False,
+    _generate_aborted,
+    _generate_error,
+    openai=False,
+)
+GENERATE_STREAM = ApiKind(
+    "generate_stream",
+    "/generate_stream",
+    lambda b: _generate_routing(b, stream=True),
+    lambda e: 1 if e.get("token") else 0,
+    _generate_usage,
+    lambda e: e.get("finished") is True,
+    _generate_aborted,
+    _generate_error,
+    openai=False,
+)
 
 
 def is_usage_only(event: dict) -> bool:

@@ -33,11 +33,17 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         timeout = httpx2.Timeout(ctx.config.upstream_timeout_s, connect=ctx.config.connect_timeout_s)
         # idle connections expire before the upstream's keep-alive does (uvicorn's and vLLM's: 5 s), so that
         # a request is never sent on a connection the upstream is closing
-        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        limits = httpx2.Limits(
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
         # no Nagle: a request's headers and body go out as two small writes, which must not wait for an ACK
-        transport = httpx2.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        transport = httpx2.AsyncHTTPTransport(
+            limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+        )
         key = ctx.config.upstream_api_key
-        headers = {"authorization": f"Bearer {key}"} if key else None  # model lists and probes too, not only relayed requests
+        headers = (
+            {"authorization": f"Bearer {key}"} if key else None
+        )  # model lists and probes too, not only relayed requests
         async with httpx2.AsyncClient(timeout=timeout, transport=transport, headers=headers) as http:
             ctx.http = http
             probes = asyncio.create_task(monitor(ctx))
@@ -54,7 +60,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     for kind in (COMPLETIONS, CHAT, GENERATE, GENERATE_STREAM):
-        app.add_route(kind.path, _relay_route(kind), methods=["POST"], name=kind.name)  # plain Starlette: no dependency solving per request
+        app.add_route(
+            kind.path, _relay_route(kind), methods=["POST"], name=kind.name
+        )  # plain Starlette: no dependency solving per request
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     for method, path in PASSED_THROUGH:
@@ -70,6 +78,7 @@ def _relay_route(kind: ApiKind):
         body = _json_object(await http.body())
         routing = kind.route(body)
         return await forward(ctx, kind, body, routing, _client(ctx, http, routing.user), http)
+
     return route
 
 
@@ -86,7 +95,9 @@ def _json_object(raw: bytes) -> dict:
 def _client(ctx: GatewayContext, http: Request, user: str | None) -> str:
     """As `serve` identifies clients (server/clients.py): the API key's, else X-Client-Id, else `user`."""
     try:
-        return ctx.clients.identify(bearer_token(http.headers.get("authorization")), http.headers.get(CLIENT_HEADER), user).name
+        return ctx.clients.identify(
+            bearer_token(http.headers.get("authorization")), http.headers.get(CLIENT_HEADER), user
+        ).name
     except Unauthorized as e:
         raise ApiError(401, str(e), "authentication_error") from None
     except BadClientName as e:
@@ -96,7 +107,9 @@ def _client(ctx: GatewayContext, http: Request, user: str | None) -> str:
 async def models(http: Request) -> dict:
     """Every model some upstream serves (each listed once, from the first upstream that has it)."""
     ctx: GatewayContext = http.app.state.ctx
-    replies = await asyncio.gather(*(ctx.http.get(f"{u.url}/v1/models") for u in ctx.pool.upstreams if u.up), return_exceptions=True)
+    replies = await asyncio.gather(
+        *(ctx.http.get(f"{u.url}/v1/models") for u in ctx.pool.upstreams if u.up), return_exceptions=True
+    )
     cards: dict[str, dict] = {}
     for reply in replies:
         if isinstance(reply, httpx2.Response) and reply.status_code == 200:
@@ -121,25 +134,36 @@ async def model(model_id: str, http: Request) -> Response:
 
 def _passthrough(path: str):
     """A request no scheduler needs to see (it generates nothing): sent to the first upstream that is up."""
+
     async def route(http: Request) -> Response:
         ctx: GatewayContext = http.app.state.ctx
         upstream = next((u for u in ctx.pool.upstreams if u.up), None)
         if upstream is None:
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
         try:
-            reply = await ctx.http.request(http.method, upstream.url + path, content=await http.body(),
-                                           headers={"content-type": http.headers.get("content-type", "application/json")})
+            reply = await ctx.http.request(
+                http.method,
+                upstream.url + path,
+                content=await http.body(),
+                headers={"content-type": http.headers.get("content-type", "application/json")},
+            )
         except httpx2.HTTPError as e:
-            raise ApiError(502, f"upstream {upstream.url} failed ({type(e).__name__}: {e})", "server_error", "upstream_error") from None
+            raise ApiError(
+                502, f"upstream {upstream.url} failed ({type(e).__name__}: {e})", "server_error", "upstream_error"
+            ) from None
         return Response(reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+
     return route
 
 
 async def health(http: Request) -> JSONResponse:
     ctx: GatewayContext = http.app.state.ctx
     ok = ctx.pool.any_up
-    body = {"status": "ok" if ok else "unavailable", "scheduler": ctx.config.scheduler,
-            "upstreams": [{"url": u.url, "up": u.up, "inflight": u.inflight, "limit": u.limit} for u in ctx.pool.upstreams]}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "scheduler": ctx.config.scheduler,
+        "upstreams": [{"url": u.url, "up": u.up, "inflight": u.inflight, "limit": u.limit} for u in ctx.pool.upstreams],
+    }
     if ctx.models:
         body["model"] = ctx.models[0]
     return JSONResponse(body, status_code=200 if ok else 503)
@@ -150,5 +174,3 @@ async def metrics(http: Request) -> Response:
     if ctx.config.metrics_key and not bears_key(http, ctx.config.metrics_key):
         raise ApiError(401, "GET /metrics needs 'Authorization: Bearer KEY' (--metrics-key)", "authentication_error")
     return Response(render(ctx), media_type=CONTENT_TYPE_LATEST)
-
-

@@ -16,19 +16,59 @@ something not understood here ends the request with `Unassembled` rather than a 
 """
 
 ENVELOPE = ("id", "created", "model", "system_fingerprint", "service_tier")
-SAMPLING_FIELDS = frozenset({
-    "model", "user", "stream", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
-    "frequency_penalty", "logit_bias", "response_format",
-    # vLLM's extra sampling and decoding fields
-    "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids", "include_stop_str_in_output",
-    "ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
-    "allowed_token_ids", "bad_words", "add_special_tokens", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar", "structured_outputs", "priority", "return_tokens_as_token_ids",
-})
+SAMPLING_FIELDS = frozenset(
+    {
+        "model",
+        "user",
+        "stream",
+        "n",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "response_format",
+        # vLLM's extra sampling and decoding fields
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "length_penalty",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "add_special_tokens",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "priority",
+        "return_tokens_as_token_ids",
+    }
+)
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"}
-CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "metadata", "store",
-                                 "reasoning_effort", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-                                 "continue_final_message"}
+CHAT_FIELDS = SAMPLING_FIELDS | {
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "metadata",
+    "store",
+    "reasoning_effort",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+}
 COMPLETION_CHOICE = frozenset({"index", "text", "logprobs", "finish_reason", "stop_reason"})
 CHAT_CHOICE = frozenset({"index", "delta", "logprobs", "finish_reason", "stop_reason"})
 CHAT_TEXT = ("content", "reasoning_content", "reasoning", "refusal")  # delta fields that are text, concatenated
@@ -53,7 +93,9 @@ class _Choice:
 
     def __init__(self, chat: bool):
         self.chat = chat
-        self.text: dict[str, list[str]] = {}  # completions: "text"; chat: the message's text fields; pieces, joined at the end
+        self.text: dict[
+            str, list[str]
+        ] = {}  # completions: "text"; chat: the message's text fields; pieces, joined at the end
         self.role = "assistant"
         self.logprobs: dict | None = None
         self.finish_reason = None
@@ -108,7 +150,11 @@ class _Choice:
     def whole(self, index: int) -> dict:
         text = {key: "".join(pieces) for key, pieces in self.text.items()}
         if self.chat:
-            message = {"role": self.role, "content": text.get("content"), **{key: text[key] for key in CHAT_TEXT[1:] if key in text}}
+            message = {
+                "role": self.role,
+                "content": text.get("content"),
+                **{key: text[key] for key in CHAT_TEXT[1:] if key in text},
+            }
             body = {"index": index, "message": message}
         else:
             body = {"index": index, "text": text.get("text", "")}
@@ -152,7 +198,11 @@ class Assembled:
 
     def result(self) -> dict:
         envelope = dict(self.envelope)
-        head = {"id": envelope.pop("id", None), "object": "chat.completion" if self.chat else "text_completion",
-                "created": envelope.pop("created", None), "model": envelope.pop("model", None)}
+        head = {
+            "id": envelope.pop("id", None),
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": envelope.pop("created", None),
+            "model": envelope.pop("model", None),
+        }
         choices = [self.choices[i].whole(i) for i in sorted(self.choices)]
         return {**head, **envelope, "choices": choices, "usage": self.usage}

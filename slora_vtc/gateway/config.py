@@ -28,7 +28,9 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_inflight: int | None = None  # fixed per upstream; None: adapted from vLLM's queue metrics where exposed
-    max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 (sched/shedding.py)
+    max_waiting: int = (
+        2048  # beyond this many queued, a client over its even share of it gets a 503 (sched/shedding.py)
+    )
     connect_timeout_s: float = 5.0
     upstream_timeout_s: float = 300.0  # the longest wait for the upstream's next byte
     upstream_api_key: str | None = None  # sent to every upstream as 'Authorization: Bearer KEY'
@@ -36,7 +38,9 @@ class GatewayConfig:
     probe_interval_s: float = 0.5  # how often the upstreams' health and queue metrics are read
     log_level: str = "info"  # uvicorn's; "warning" drops the access log
     metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it names clients)
-    client_idle_s: float = 600.0  # a client with nothing waiting or in flight this long is forgotten (VTC lifts it on return)
+    client_idle_s: float = (
+        600.0  # a client with nothing waiting or in flight this long is forgotten (VTC lifts it on return)
+    )
     drain_s: float = 30.0  # on SIGINT / SIGTERM: let in-flight and queued requests finish this long, then cancel them
 
     def check(self) -> None:
@@ -48,13 +52,20 @@ class GatewayConfig:
             raise UserError("the same --upstream is given twice")
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
-        for flag, value in (("--max-inflight", self.max_inflight), ("--max-waiting", self.max_waiting),
-                            ("--max-body-bytes", self.max_body_bytes)):
+        for flag, value in (
+            ("--max-inflight", self.max_inflight),
+            ("--max-waiting", self.max_waiting),
+            ("--max-body-bytes", self.max_body_bytes),
+        ):
             if value is not None and value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}")
         if not 0 <= self.drain_s < float("inf"):
             raise UserError(f"--drain-timeout must be a non-negative number of seconds, got {self.drain_s}")
-        for flag, value in (("--connect-timeout", self.connect_timeout_s), ("--upstream-timeout", self.upstream_timeout_s),
-                            ("--probe-interval", self.probe_interval_s), ("--client-idle-timeout", self.client_idle_s)):
+        for flag, value in (
+            ("--connect-timeout", self.connect_timeout_s),
+            ("--upstream-timeout", self.upstream_timeout_s),
+            ("--probe-interval", self.probe_interval_s),
+            ("--client-idle-timeout", self.client_idle_s),
+        ):
             if not 0 < value < float("inf"):
                 raise UserError(f"{flag} must be a positive number of seconds, got {value}")

@@ -85,8 +85,14 @@ class Dispatcher:
     charged as their tokens come (`on_tokens`, `reconcile`) and end exactly once (`finish`,
     `fail`, `abort`)."""
 
-    def __init__(self, scheduler: Scheduler, pool: UpstreamPool, cost: CostFunction, max_waiting: int,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        pool: UpstreamPool,
+        cost: CostFunction,
+        max_waiting: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.scheduler, self.pool, self.cost, self.max_waiting = scheduler, pool, cost, max_waiting
         self.counters = Counters(scheduler)
         self.stats: dict[str, ClientStats] = defaultdict(ClientStats)
@@ -113,8 +119,13 @@ class Dispatcher:
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
         if queue_refuses(self.scheduler, client, self.max_waiting):
             self._refused(client)
-            raise Busy(503, f"the gateway's queue is full ({self.max_waiting} requests waiting; past that bound a client "
-                            "holding its even share of it is refused)", "server_error", "queue_full")
+            raise Busy(
+                503,
+                f"the gateway's queue is full ({self.max_waiting} requests waiting; past that bound a client "
+                "holding its even share of it is refused)",
+                "server_error",
+                "queue_full",
+            )
         now = self.now()
         req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))
         if not self.scheduler.on_arrival(req, now):
@@ -185,7 +196,10 @@ class Dispatcher:
         req = ticket.request
         if not self.counters.kept(req.client):
             return
-        extra = engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.counters.weight(req.client) - ticket.charged
+        extra = (
+            engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.counters.weight(req.client)
+            - ticket.charged
+        )
         if extra > 0:
             self.counters.adjust(req.client, extra)
             ticket.charged += extra
@@ -232,7 +246,9 @@ class Dispatcher:
         if completion_tokens is not None and completion_tokens > req.generated:
             self.on_tokens(ticket, completion_tokens - req.generated)
         if prompt_tokens is not None and prompt_tokens != req.prompt_len:
-            delta = (engine_charge(self.cost, prompt_tokens, req.generated) - engine_charge(self.cost, req.prompt_len, req.generated))
+            delta = engine_charge(self.cost, prompt_tokens, req.generated) - engine_charge(
+                self.cost, req.prompt_len, req.generated
+            )
             delta /= self.counters.weight(req.client)
             self.counters.adjust(req.client, delta)
             ticket.charged += delta

@@ -40,12 +40,20 @@ class _Collector:
             return f
 
         forgotten = d.forgotten  # clients forgotten after being idle: their totals stay, under "other"
-        yield family(GaugeMetricFamily, "client_service", "service charged (h(prompt, output tokens) of what was delivered)",
-                     [*((c, s.service) for c, s in stats.items()), *([(OTHER, forgotten.service)] if forgotten.service else [])])
+        yield family(
+            GaugeMetricFamily,
+            "client_service",
+            "service charged (h(prompt, output tokens) of what was delivered)",
+            [*((c, s.service) for c, s in stats.items()), *([(OTHER, forgotten.service)] if forgotten.service else [])],
+        )
         yield family(GaugeMetricFamily, "client_counter", "VTC virtual token counter", counters.items())
         yield family(GaugeMetricFamily, "client_waiting", "requests queued in the gateway", waiting.items())
-        yield family(GaugeMetricFamily, "client_inflight", "requests sent to an upstream, not yet ended",
-                     ((c, s.inflight) for c, s in stats.items()))
+        yield family(
+            GaugeMetricFamily,
+            "client_inflight",
+            "requests sent to an upstream, not yet ended",
+            ((c, s.inflight) for c, s in stats.items()),
+        )
         outcomes = CounterMetricFamily(f"{PREFIX}_requests", "requests by how they ended", labels=["client", "outcome"])
         summed = defaultdict(float)
         for client, s in [*stats.items(), *([(OTHER, forgotten)] if forgotten.outcomes else [])]:
@@ -64,8 +72,18 @@ class _Collector:
             (GaugeMetricFamily, "upstream_limit", "the upstream's concurrency budget", lambda u: u.limit),
             (GaugeMetricFamily, "upstream_up", "1 while the upstream is taking requests", lambda u: float(u.up)),
             (CounterMetricFamily, "upstream_finished", "requests the upstream served to the end", lambda u: u.finished),
-            (CounterMetricFamily, "upstream_errors", "failed connections, broken streams and 5xx answers", lambda u: u.errors),
-            (CounterMetricFamily, "upstream_timeouts", "requests the upstream did not answer in time", lambda u: u.timeouts),
+            (
+                CounterMetricFamily,
+                "upstream_errors",
+                "failed connections, broken streams and 5xx answers",
+                lambda u: u.errors,
+            ),
+            (
+                CounterMetricFamily,
+                "upstream_timeouts",
+                "requests the upstream did not answer in time",
+                lambda u: u.timeouts,
+            ),
         ):
             f = kind(f"{PREFIX}_{name}", doc, labels=["upstream"])
             for u in ups:

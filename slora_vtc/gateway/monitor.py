@@ -21,7 +21,9 @@ async def monitor(ctx: GatewayContext, aimd: Aimd = Aimd()) -> None:
 async def probe(ctx: GatewayContext, upstream: Upstream, aimd: Aimd) -> None:
     try:
         if not upstream.up:
-            upstream.up = (await ctx.http.get(f"{upstream.url}/health", timeout=ctx.config.connect_timeout_s)).status_code == 200
+            upstream.up = (
+                await ctx.http.get(f"{upstream.url}/health", timeout=ctx.config.connect_timeout_s)
+            ).status_code == 200
         if upstream.adaptive and upstream.up:
             reply = await ctx.http.get(f"{upstream.url}/metrics", timeout=ctx.config.connect_timeout_s)
             queue = queue_metrics(reply.text) if reply.status_code == 200 else None

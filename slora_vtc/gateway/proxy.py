@@ -34,7 +34,9 @@ from slora_vtc.server.errors import ApiError
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody reads it
 
 
-async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routing, client: str, http: HttpRequest) -> Response:
+async def forward(
+    ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routing, client: str, http: HttpRequest
+) -> Response:
     as_stream = not routing.stream and kind.streams_whole(body)
     data = kind.upstream_body(body, routing, as_stream)
     predicts = kind.openai and not routing.stream and not as_stream
@@ -49,8 +51,12 @@ async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routi
         if routing.stream:
             events = relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
             # the background task settles a stream cancelled before its first chunk (the generator's finally never runs then)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                     background=BackgroundTask(_settle_unsettled, ctx, ticket, reply))
+            return StreamingResponse(
+                events,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+                background=BackgroundTask(_settle_unsettled, ctx, ticket, reply),
+            )
         if as_stream:
             answer = await _unless_client_leaves(answer_whole(ctx, kind, ticket, reply), http)
             if answer is None:
@@ -65,12 +71,16 @@ async def forward(ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routi
         raise
 
 
-async def _send(ctx: GatewayContext, ticket: Ticket, path: str, data: bytes, headers: dict[str, str]) -> httpx2.Response:
+async def _send(
+    ctx: GatewayContext, ticket: Ticket, path: str, data: bytes, headers: dict[str, str]
+) -> httpx2.Response:
     """The upstream's answer (its headers). A connection that cannot be made sent nothing, so the
     request moves to another upstream with a free slot, while there is one."""
     while True:
         try:
-            return await ctx.http.send(ctx.http.build_request("POST", ticket.upstream.url + path, content=data, headers=headers), stream=True)
+            return await ctx.http.send(
+                ctx.http.build_request("POST", ticket.upstream.url + path, content=data, headers=headers), stream=True
+            )
         except httpx2.ConnectError:
             dead = ticket.upstream
             ctx.mark_down(dead)
@@ -111,10 +121,17 @@ async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) 
     upstream = ticket.upstream
     if reply.status_code < 500:
         ctx.dispatcher.fail(ticket, outcome="rejected")
-        return Response(content, status_code=reply.status_code, media_type=reply.headers.get("content-type", "application/json"))
+        return Response(
+            content, status_code=reply.status_code, media_type=reply.headers.get("content-type", "application/json")
+        )
     upstream.errors += 1
     ctx.dispatcher.fail(ticket)
-    raise ApiError(502, f"upstream {upstream.url} answered HTTP {reply.status_code} ({_message(content)})", "server_error", "upstream_error")
+    raise ApiError(
+        502,
+        f"upstream {upstream.url} answered HTTP {reply.status_code} ({_message(content)})",
+        "server_error",
+        "upstream_error",
+    )
 
 
 def _message(content: bytes) -> str:
@@ -136,7 +153,9 @@ async def _whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: http
     except (ValueError, AttributeError):
         ticket.upstream.errors += 1
         ctx.dispatcher.fail(ticket)
-        raise ApiError(502, f"upstream {ticket.upstream.url} answered something that is not JSON", "server_error", "upstream_error") from None
+        raise ApiError(
+            502, f"upstream {ticket.upstream.url} answered something that is not JSON", "server_error", "upstream_error"
+        ) from None
     if usage is not None:
         ctx.dispatcher.reconcile(ticket, *usage)
     ctx.dispatcher.finish(ticket)

@@ -28,11 +28,17 @@ def failed(ctx: GatewayContext, ticket: Ticket, error: httpx2.HTTPError) -> ApiE
         upstream.timeouts += 1
         if isinstance(error, httpx2.ConnectTimeout):
             ctx.mark_down(upstream)
-        return ApiError(504, f"upstream {upstream.url} timed out ({type(error).__name__})", "server_error", "upstream_timeout")
+        return ApiError(
+            504, f"upstream {upstream.url} timed out ({type(error).__name__})", "server_error", "upstream_timeout"
+        )
     upstream.errors += 1
     if isinstance(error, httpx2.ConnectError):
-        ctx.mark_down(upstream)  # nothing listens: out of service until a probe answers (a broken stream alone is not that)
-    return ApiError(502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error")
+        ctx.mark_down(
+            upstream
+        )  # nothing listens: out of service until a probe answers (a broken stream alone is not that)
+    return ApiError(
+        502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error"
+    )
 
 
 async def answer_whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response) -> Response:
@@ -75,8 +81,9 @@ class _Progress:
     broken: dict | None = None
 
 
-async def _charged(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response,
-                   progress: _Progress) -> AsyncIterator[tuple[str, dict | str | None]]:
+async def _charged(
+    ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response, progress: _Progress
+) -> AsyncIterator[tuple[str, dict | str | None]]:
     """The upstream's SSE data lines with their events (a dict, DONE, or None for data that is not
     JSON), each event's tokens and usage charged before it is yielded."""
     dispatcher = ctx.dispatcher
@@ -120,7 +127,9 @@ async def relay(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx
             ticket.upstream.errors += 1
             dispatcher.fail(ticket)
             if progress.broken is None:  # the upstream's own error event, if any, has gone out already
-                error = ApiError(502, f"upstream {ticket.upstream.url} ended the stream early", "server_error", "upstream_error")
+                error = ApiError(
+                    502, f"upstream {ticket.upstream.url} ended the stream early", "server_error", "upstream_error"
+                )
                 for event in kind.error_event(error):
                     yield event
     except httpx2.HTTPError as e:

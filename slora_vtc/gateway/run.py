@@ -26,8 +26,10 @@ def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:
     scheduler = scheduler_for(config.scheduler, clients)
     inner = scheduler.inner if isinstance(scheduler, RateLimited) else scheduler
     if isinstance(inner, NEEDS_PREFIXES):
-        raise UserError(f"scheduler '{config.scheduler}' needs prompt token ids and a prefix cache, which a gateway does not see: "
-                        "use one that needs only token counts (fcfs, rpm, vtc, lcf, wvtc, vtc-...)")
+        raise UserError(
+            f"scheduler '{config.scheduler}' needs prompt token ids and a prefix cache, which a gateway does not see: "
+            "use one that needs only token counts (fcfs, rpm, vtc, lcf, wvtc, vtc-...)"
+        )
     upstreams, models = [], []
     for url in config.upstreams:
         base = upstream_base(url)
@@ -48,7 +50,9 @@ def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
         with httpx2.Client(timeout=config.connect_timeout_s, headers=headers) as http:
             reply = http.get(f"{base}/v1/models")
             if reply.status_code != 200:
-                raise UserError(f"--upstream {base}: /v1/models answered HTTP {reply.status_code}, not an OpenAI-compatible server?")
+                raise UserError(
+                    f"--upstream {base}: /v1/models answered HTTP {reply.status_code}, not an OpenAI-compatible server?"
+                )
             try:
                 models = [card["id"] for card in reply.json()["data"]]
             except (ValueError, KeyError, TypeError):
@@ -63,13 +67,23 @@ def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
 
 
 def server_for(ctx: GatewayContext, **overrides) -> uvicorn.Server:
-    settings = dict(host=ctx.config.host, port=ctx.config.port, log_level=ctx.config.log_level, lifespan="on",
-                    timeout_graceful_shutdown=math.ceil(ctx.config.drain_s))
+    settings = dict(
+        host=ctx.config.host,
+        port=ctx.config.port,
+        log_level=ctx.config.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=math.ceil(ctx.config.drain_s),
+    )
     return uvicorn.Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}))
 
 
 def run_gateway(config: GatewayConfig) -> None:
     ctx = build_context(config)
-    budgets = ", ".join(f"{u.url} ({'adaptive from ' + str(u.limit) if u.adaptive else u.limit} in flight)" for u in ctx.pool.upstreams)
-    print(f"gateway with scheduler {config.scheduler} on http://{config.host}:{config.port} in front of {budgets}", flush=True)
+    budgets = ", ".join(
+        f"{u.url} ({'adaptive from ' + str(u.limit) if u.adaptive else u.limit} in flight)" for u in ctx.pool.upstreams
+    )
+    print(
+        f"gateway with scheduler {config.scheduler} on http://{config.host}:{config.port} in front of {budgets}",
+        flush=True,
+    )
     server_for(ctx).run()

@@ -54,14 +54,20 @@ class Budget:
         self._cache = memory.cache if memory is not None else None
         self._optimistic = config.admission == "optimistic"
         self._adapters = {r.adapter for r in running if r.adapter is not None}
-        self._adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted this round, each at its size
-        self._reserved = self._cache.locked if self._cache else 0  # cached slots held by running requests (and this round's)
+        self._adapter_slots = sum(
+            config.slots_of(a) for a in self._adapters
+        )  # resident + admitted this round, each at its size
+        self._reserved = (
+            self._cache.locked if self._cache else 0
+        )  # cached slots held by running requests (and this round's)
         self._seen: dict[int, int] = {}  # tree nodes this round has reserved: node id -> tokens of it
         self._available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
         self._prompt_tokens = 0
         shared = memory.shared_tokens if memory is not None and memory.cache is not None else None
         # sorted once (stable: ties keep the running order, as inserting one by one after equals would)
-        entries = sorted(((-r.remaining, r.held_tokens - (shared(r) if shared else 0)) for r in running), key=itemgetter(0))
+        entries = sorted(
+            ((-r.remaining, r.held_tokens - (shared(r) if shared else 0)) for r in running), key=itemgetter(0)
+        )
         self._neg_to_generate: list[int] = [neg for neg, _ in entries]  # ascending, i.e. to_generate descending
         self._held: list[int] = [held for _, held in entries]
         self._count = len(entries)
@@ -82,7 +88,9 @@ class Budget:
         if self._optimistic:
             fits = extend + locking + new_adapter_slots < self._available
         else:
-            fits = self._fits_worst_case(req.remaining - 1, extend + 1, self._adapter_slots + new_adapter_slots + self._reserved + locking)
+            fits = self._fits_worst_case(
+                req.remaining - 1, extend + 1, self._adapter_slots + new_adapter_slots + self._reserved + locking
+            )
         if not fits:
             return False
         self._available -= extend + locking + new_adapter_slots
@@ -108,7 +116,9 @@ class Budget:
         if self._count + 1 > self.config.max_running or not steps:
             return None
         extend = req.prefill_len - self.cached_len(req)
-        new_adapter_slots = self.config.slots_of(req.adapter) if req.adapter is not None and req.adapter not in self._adapters else 0
+        new_adapter_slots = (
+            self.config.slots_of(req.adapter) if req.adapter is not None and req.adapter not in self._adapters else 0
+        )
         locking = self._newly_locked(req, dict(self._seen))
         if self._optimistic:  # what is available only shrinks, by one slot per running request and step
             return steps[0] if extend + locking + new_adapter_slots < self._available - steps[0] * self._count else None
@@ -116,7 +126,11 @@ class Budget:
         to_generate, held = req.remaining - 1, extend + 1
         t, cum = [-n for n in self._neg_to_generate], list(accumulate(self._held))
         ahead = list(accumulate((ti * (i + 1) + ci for i, (ti, ci) in enumerate(zip(t, cum))), max, initial=-1))
-        behind = list(accumulate((ti * (i + 2) + ci + held for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max, initial=-1))[::-1]
+        behind = list(
+            accumulate(
+                (ti * (i + 2) + ci + held for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max, initial=-1
+            )
+        )[::-1]
         s = steps.start
         while s < steps.stop:
             p = bisect_right(self._neg_to_generate, -(to_generate + s))  # running entries ahead of the candidate

@@ -25,8 +25,13 @@ class MemoryManager:
     then either the tree's or the request's own; `release` frees only the request's own.
     """
 
-    def __init__(self, pool: TokenPool, adapter_slots: int | Callable[[str], int], on_load: AdapterHook | None = None,
-                 cache: bool = False):
+    def __init__(
+        self,
+        pool: TokenPool,
+        adapter_slots: int | Callable[[str], int],
+        on_load: AdapterHook | None = None,
+        cache: bool = False,
+    ):
         self.pool = pool
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
@@ -34,7 +39,9 @@ class MemoryManager:
         self.cache = RadixCache(pool) if cache else None
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
-        self._matched: dict[int, tuple] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
+        self._matched: dict[
+            int, tuple
+        ] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
 
     @property
     def available(self) -> int:

@@ -37,7 +37,9 @@ class TokenPool:
         if not self._in_use[slots].all():
             raise ValueError("freeing a slot that is not allocated (double free)")
         self._in_use[slots] = False
-        if np.count_nonzero(self._in_use) != self.size - self._top - len(slots):  # one slot twice (cheaper than np.unique)
+        if np.count_nonzero(self._in_use) != self.size - self._top - len(
+            slots
+        ):  # one slot twice (cheaper than np.unique)
             self._in_use[slots] = True
             raise ValueError("freeing a slot that is not allocated (double free)")
         self._free[self._top : self._top + len(slots)] = slots

@@ -223,7 +223,12 @@ class RadixCache:
         return self.evict(self.evictable)
 
     def _is_evictable(self, node: Node) -> bool:
-        return node.refs == 0 and not node.children and node.parent is not None and node.parent.children.get(int(node.key[0])) is node
+        return (
+            node.refs == 0
+            and not node.children
+            and node.parent is not None
+            and node.parent.children.get(int(node.key[0])) is node
+        )
 
     def _remove(self, node: Node) -> int:
         del node.parent.children[int(node.key[0])]

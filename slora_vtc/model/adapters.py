@@ -25,16 +25,35 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 DUMMY_PREFIX = "dummy-"
 # adapter_config.json fields that change the math in ways we do not implement: refused by name
-UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "modules_to_save": None, "layers_to_transform": None,
-               "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "layer_replication": None, "lora_bias": False,
-               "exclude_modules": None, "target_parameters": None, "trainable_token_indices": None, "alora_invocation_tokens": None}
+UNSUPPORTED = {
+    "use_dora": False,
+    "fan_in_fan_out": False,
+    "modules_to_save": None,
+    "layers_to_transform": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "bias": "none",
+    "layer_replication": None,
+    "lora_bias": False,
+    "exclude_modules": None,
+    "target_parameters": None,
+    "trainable_token_indices": None,
+    "alora_invocation_tokens": None,
+}
 
 
 def module_dims(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     """(in, out) of every module an adapter may target."""
     h, q, kv, i = spec.hidden_size, spec.q_width, spec.kv_width, spec.intermediate_size
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
 
 
 def slots_per_row(spec: ModelSpec, target: str) -> int:
@@ -102,14 +121,18 @@ class AdapterTable:
     def check_fits(self, spec: ModelSpec, pool_tokens: int) -> None:
         for a in self.adapters:
             if a.slots(spec) >= pool_tokens:
-                raise UserError(f"LoRA adapter '{a.name}' (rank {a.rank}, {len(a.targets)} modules) takes {a.slots(spec)} pool slots, "
-                                f"which does not fit a pool of {pool_tokens} tokens")
+                raise UserError(
+                    f"LoRA adapter '{a.name}' (rank {a.rank}, {len(a.targets)} modules) takes {a.slots(spec)} pool slots, "
+                    f"which does not fit a pool of {pool_tokens} tokens"
+                )
 
 
 def adapter_table(lora: list[str] | None = None, dummy: int = 0, dummy_rank: int = 8) -> AdapterTable:
     """The table from `--lora NAME=PATH` values (PEFT folders) and `--dummy-adapters N` of rank `dummy_rank`."""
     if dummy < 0 or dummy_rank <= 0:
-        raise UserError(f"--dummy-adapters must not be negative and --adapter-rank must be positive (got {dummy} and {dummy_rank})")
+        raise UserError(
+            f"--dummy-adapters must not be negative and --adapter-rank must be positive (got {dummy} and {dummy_rank})"
+        )
     real = [read_peft_adapter(*_name_and_path(value)) for value in lora or []]
     dummies = [AdapterSpec(f"{DUMMY_PREFIX}{i}", dummy_rank, float(dummy_rank)) for i in range(dummy)]
     names = [a.name for a in real + dummies]
@@ -146,7 +169,9 @@ def read_peft_adapter(name: str, folder: str | Path) -> AdapterSpec:
     if rank <= 0:
         raise cfg.fail("r", f"must be positive, got {rank}")
     alpha = cfg.float("lora_alpha", rank)
-    return AdapterSpec(name, rank, alpha, _targets(path, cfg.get("target_modules")), cfg.bool("use_rslora", False), str(folder))
+    return AdapterSpec(
+        name, rank, alpha, _targets(path, cfg.get("target_modules")), cfg.bool("use_rslora", False), str(folder)
+    )
 
 
 def _targets(path: Path, value) -> tuple[str, ...]:

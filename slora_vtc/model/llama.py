@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from slora_vtc_kernels.reference import LoraRows
 
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import ModelSpec
 from slora_vtc.model.weights import LayerWeights, LlamaWeights
+from slora_vtc_kernels.reference import LoraRows
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,9 @@ class Llama:
         s, ops = self.spec, self.ops
         q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
         q, k, v = (self.lora(i, h, out, target, batch) for target, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)))
-        q, k = ops.rotary_embedding(q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq)
+        q, k = ops.rotary_embedding(
+            q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq
+        )
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         k_cache, v_cache = self.pool.k[i], self.pool.v[i]
         ops.kv_scatter(k, v, k_cache, v_cache, batch.slots)
@@ -108,7 +110,9 @@ class Llama:
             o = ops.prefill_attention(q, k, v, batch.cu_seqlens, self.scale, batch.max_seqlen)
         elif isinstance(batch, Prefill):  # over each request's whole context, read from the pool
             p = batch.prefix
-            o = ops.extend_attention(q, k_cache, v_cache, batch.cu_seqlens, p.slot_table, p.cached_lens, self.scale, batch.max_seqlen)
+            o = ops.extend_attention(
+                q, k_cache, v_cache, batch.cu_seqlens, p.slot_table, p.cached_lens, self.scale, batch.max_seqlen
+            )
         else:
             o = ops.decode_attention(q, k_cache, v_cache, batch.slot_table, batch.seq_lens, self.scale)
         o = o.reshape(-1, s.q_width)

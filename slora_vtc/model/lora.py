@@ -29,7 +29,9 @@ class LoraWeights:
     b: dict[str, tuple[torch.Tensor, ...]]  # target -> per layer [out, r]
 
 
-def dummy_adapter(model: ModelSpec, adapter: AdapterSpec, device="cpu", dtype=torch.float32, seed: int = 0) -> LoraWeights:
+def dummy_adapter(
+    model: ModelSpec, adapter: AdapterSpec, device="cpu", dtype=torch.float32, seed: int = 0
+) -> LoraWeights:
     """Random weights, the same for the same name and seed on every run."""
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(adapter.name.encode()) + seed)
 
@@ -65,17 +67,23 @@ def peft_adapter(model: ModelSpec, adapter: AdapterSpec, dtype=torch.float32) ->
         out = []
         for n in range(model.num_layers):
             if n not in layers:
-                raise UserError(f"{path}: no lora_{ab} weight for layer {n}'s {target} (the base model has {model.num_layers} layers)")
+                raise UserError(
+                    f"{path}: no lora_{ab} weight for layer {n}'s {target} (the base model has {model.num_layers} layers)"
+                )
             if tuple(layers[n].shape) != shape:
-                raise UserError(f"{path}: layer {n} {target}.lora_{ab} has shape {tuple(layers[n].shape)}, "
-                                f"the base model needs {shape} (an adapter for another model?)")
+                raise UserError(
+                    f"{path}: layer {n} {target}.lora_{ab} has shape {tuple(layers[n].shape)}, "
+                    f"the base model needs {shape} (an adapter for another model?)"
+                )
             out.append(layers[n].to(dtype))
         return tuple(out)
 
     extra = sorted({t for t, _ in found} - set(adapter.targets))
     if extra:
         raise UserError(f"{path}: weights for '{extra[0]}', which adapter_config.json's target_modules does not list")
-    return LoraWeights(adapter, {t: per_layer(t, "A") for t in adapter.targets}, {t: per_layer(t, "B") for t in adapter.targets})
+    return LoraWeights(
+        adapter, {t: per_layer(t, "A") for t in adapter.targets}, {t: per_layer(t, "B") for t in adapter.targets}
+    )
 
 
 def write_adapter(pool: KVPool, slots: torch.Tensor, weights: LoraWeights, model: ModelSpec) -> None:
@@ -89,4 +97,6 @@ def write_adapter(pool: KVPool, slots: torch.Tensor, weights: LoraWeights, model
             return torch.stack([F.pad(m, (0, per_row * width - m.shape[1])).reshape(r * per_row, width) for m in mats])
 
         pool.k[:, mine] = rows(weights.a[target]).to(device=pool.k.device, dtype=pool.k.dtype).reshape(shape)
-        pool.v[:, mine] = rows([b.T for b in weights.b[target]]).to(device=pool.v.device, dtype=pool.v.dtype).reshape(shape)
+        pool.v[:, mine] = (
+            rows([b.T for b in weights.b[target]]).to(device=pool.v.device, dtype=pool.v.dtype).reshape(shape)
+        )

@@ -2,8 +2,18 @@
 
 from slora_vtc.errors import UserError
 
-OP_NAMES = ("rms_norm", "rotary_embedding", "kv_scatter", "prefill_attention", "extend_attention", "decode_attention",
-            "lora_shrink", "lora_expand", "lora_shrink_segments", "lora_expand_segments")
+OP_NAMES = (
+    "rms_norm",
+    "rotary_embedding",
+    "kv_scatter",
+    "prefill_attention",
+    "extend_attention",
+    "decode_attention",
+    "lora_shrink",
+    "lora_expand",
+    "lora_shrink_segments",
+    "lora_expand_segments",
+)
 
 
 def load_ops(name: str):

@@ -35,5 +35,7 @@ def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     than original / high_freq_factor kept; in between, a linear blend in original / wavelength."""
     wavelength = 2 * math.pi / inv_freq
     stretched = inv_freq / s.factor
-    blend = ((s.original_max_position / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0.0, 1.0)
+    blend = (
+        (s.original_max_position / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    ).clamp(0.0, 1.0)
     return (1 - blend) * stretched + blend * inv_freq

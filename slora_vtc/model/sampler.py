@@ -76,7 +76,10 @@ class BatchSampler:
         """Output counts and prompt membership of these requests, [B, V] each (new tensors: the caller may write them)."""
         missing = [r for r in reqs if r.rid not in self._seen]
         if missing:
-            output, prompt = self._count(r.output_ids for r in missing), self._count(() if r.prompt_ids is None else r.prompt_ids for r in missing) > 0
+            output, prompt = (
+                self._count(r.output_ids for r in missing),
+                self._count(() if r.prompt_ids is None else r.prompt_ids for r in missing) > 0,
+            )
             self._seen.update((r.rid, _Seen(o, q)) for r, o, q in zip(missing, output, prompt))
         seen = [self._seen[r.rid] for r in reqs]
         return torch.stack([s.output for s in seen]), torch.stack([s.prompt for s in seen])
@@ -87,10 +90,14 @@ class BatchSampler:
         rows = [i for i, ids in enumerate(id_lists) for _ in ids]
         where = torch.tensor([rows, [t for ids in id_lists for t in ids]], dtype=torch.int64).to(self.device)
         counts = torch.zeros((len(id_lists), self.vocab_size), dtype=torch.int32, device=self.device)
-        return counts.index_put_((where[0], where[1]), torch.ones(len(rows), dtype=torch.int32, device=self.device), accumulate=True)
+        return counts.index_put_(
+            (where[0], where[1]), torch.ones(len(rows), dtype=torch.int32, device=self.device), accumulate=True
+        )
 
     # -- logprobs ------------------------------------------------------------------------------------
-    def _logprobs(self, params: list[SamplingParams], logits: torch.Tensor, nxt: torch.Tensor) -> list[TokenLogprob | None]:
+    def _logprobs(
+        self, params: list[SamplingParams], logits: torch.Tensor, nxt: torch.Tensor
+    ) -> list[TokenLogprob | None]:
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
         out: list[TokenLogprob | None] = [None] * len(params)
         if not asked:

@@ -8,6 +8,7 @@ from slora_vtc.model.sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingPa
 
 __all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_penalties", "sample"]
 
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits: [B, V] -> next token per row [B] (int64)."""
     if params.greedy:
@@ -29,7 +30,9 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
 
 
-def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor, params: SamplingParams
+) -> torch.Tensor:
     """logits [B, V] of rows sharing `params`; output_counts [B, V]: each token's occurrences in the row's
     output; prompt_seen [B, V]: whether it occurs in the prompt. The repetition penalty (HF's and vLLM's)
     covers prompt and output, the presence and frequency penalties (OpenAI's) the output only."""

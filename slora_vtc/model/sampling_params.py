@@ -37,8 +37,11 @@ class SamplingParams:
             raise UserError(f"sampling: repetition_penalty must be > 0, not {self.repetition_penalty}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise UserError(f"sampling: seed must be an integer, not {self.seed!r}")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
             raise UserError(f"sampling: logprobs must be an integer in [0, {MAX_LOGPROBS}], not {self.logprobs!r}")
 
     @property

@@ -51,14 +51,25 @@ class ModelSpec:
     qkv_bias: bool = False  # Qwen2: a bias on the q, k and v projections
 
     def __post_init__(self):
-        sizes = (self.vocab_size, self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads, self.num_kv_heads)
+        sizes = (
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_layers,
+            self.num_heads,
+            self.num_kv_heads,
+        )
         if min(sizes) <= 0:
             raise UserError(f"model '{self.name}': every size must be positive")
         if self.num_heads % self.num_kv_heads:
-            raise UserError(f"model '{self.name}': {self.num_heads} heads do not split into {self.num_kv_heads} KV-head groups")
+            raise UserError(
+                f"model '{self.name}': {self.num_heads} heads do not split into {self.num_kv_heads} KV-head groups"
+            )
         if self.head_dim == 0:
             if self.hidden_size % self.num_heads:
-                raise UserError(f"model '{self.name}': hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads")
+                raise UserError(
+                    f"model '{self.name}': hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+                )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim % 2:
             raise UserError(f"model '{self.name}': rotary embedding needs an even head_dim, got {self.head_dim}")
@@ -103,7 +114,11 @@ def get_model_spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}  # -> model_type
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}  # -> model_type
 
 
 def resolve_spec(model: str) -> ModelSpec:
@@ -162,7 +177,9 @@ class Config:
         return self._typed(key, default, "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 
     def float(self, key: str, default=None) -> float:
-        return float(self._typed(key, default, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)))
+        return float(
+            self._typed(key, default, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+        )
 
     def bool(self, key: str, default=None) -> bool:
         return self._typed(key, default, "true or false", lambda v: isinstance(v, bool))
@@ -205,11 +222,15 @@ def _family(cfg: Config) -> str:
     if not architectures:
         model_type = cfg.str("model_type", "unknown")
         if model_type not in ARCHITECTURES.values():
-            raise cfg.fail("model_type", f"'{model_type}' is not supported (supported: {', '.join(ARCHITECTURES.values())})")
+            raise cfg.fail(
+                "model_type", f"'{model_type}' is not supported (supported: {', '.join(ARCHITECTURES.values())})"
+            )
         return model_type
     known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
     if not known:
-        raise UserError(f"{cfg.path}: unsupported architecture {', '.join(map(str, architectures))} (supported: {', '.join(ARCHITECTURES)})")
+        raise UserError(
+            f"{cfg.path}: unsupported architecture {', '.join(map(str, architectures))} (supported: {', '.join(ARCHITECTURES)})"
+        )
     return known[0]
 
 
@@ -228,12 +249,17 @@ def _check_sliding_window(cfg: Config, family: str) -> None:
     """Full attention is what we run; a sliding window as long as the context changes nothing."""
     layer_types = cfg.get("layer_types", [])
     if not isinstance(layer_types, list) or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-        raise cfg.fail("layer_types", f"{json.dumps(layer_types)} is not supported (only full_attention and sliding_attention)")
+        raise cfg.fail(
+            "layer_types", f"{json.dumps(layer_types)} is not supported (only full_attention and sliding_attention)"
+        )
     used = cfg.bool("use_sliding_window", False) if family == "qwen2" else True
     window = cfg.int("sliding_window", 0) if used else 0
     context = cfg.int("max_position_embeddings", 2048)
     if 0 < window < context:
-        raise cfg.fail("sliding_window", f"is {window}, below max_position_embeddings {context}: sliding-window attention is not supported")
+        raise cfg.fail(
+            "sliding_window",
+            f"is {window}, below max_position_embeddings {context}: sliding-window attention is not supported",
+        )
 
 
 def _rope(cfg: Config) -> tuple[float, RopeScaling]:
@@ -277,5 +303,5 @@ def _eos_token_ids(folder: Path, cfg: Config) -> tuple[int, ...]:
     path = folder / "generation_config.json"
     if path.is_file():
         generation = Config(path, read_json_object(path))
-        ids += _token_ids(generation, "eos_token_id", ())  if generation.get("eos_token_id") is not None else ()
+        ids += _token_ids(generation, "eos_token_id", ()) if generation.get("eos_token_id") is not None else ()
     return tuple(dict.fromkeys(ids))

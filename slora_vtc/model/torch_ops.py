@@ -9,6 +9,7 @@ against the reference.
 
 import torch
 import torch.nn.functional as F
+
 from slora_vtc_kernels import reference
 
 # Gathered K + V per SDPA call in decode_attention: small enough to stay in the CPU's cache and under
@@ -24,14 +25,18 @@ class TorchOps:
     lora_expand_segments = staticmethod(reference.lora_expand_segments)
 
     def __init__(self):
-        self._halves_of: torch.Tensor | None = None  # the inv_freq last seen (a model passes the same tensor every step)
+        self._halves_of: torch.Tensor | None = (
+            None  # the inv_freq last seen (a model passes the same tensor every step)
+        )
         self._both_halves: torch.Tensor | None = None  # it, repeated for both halves of a head: [D]
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
-    def rotary_embedding(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary_embedding(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[:, None, None] * self._frequencies(inv_freq, q.device)  # [T, 1, D]
         cos, sin = angles.cos(), angles.sin()
 
@@ -49,26 +54,44 @@ class TorchOps:
         return self._both_halves
 
     @staticmethod
-    def kv_scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    def kv_scatter(
+        k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
         k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
     @staticmethod
-    def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-                          max_seqlen: int | None = None) -> torch.Tensor:
+    def prefill_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        scale: float,
+        max_seqlen: int | None = None,
+    ) -> torch.Tensor:
         bounds = cu_seqlens.tolist()
         lengths = {e - s for s, e in zip(bounds[:-1], bounds[1:])}
         if len(lengths) == 1:  # prompts of one length: a single call over [prompts, tokens, heads, dim]
             shape = (len(bounds) - 1, lengths.pop())
-            return _causal_attention(q.unflatten(0, shape), k.unflatten(0, shape), v.unflatten(0, shape), scale).flatten(0, 1)
+            return _causal_attention(
+                q.unflatten(0, shape), k.unflatten(0, shape), v.unflatten(0, shape), scale
+            ).flatten(0, 1)
         out = torch.empty_like(q)
         for s, e in zip(bounds[:-1], bounds[1:]):
             out[s:e] = _causal_attention(q[None, s:e], k[None, s:e], v[None, s:e], scale)[0]
         return out
 
     @staticmethod
-    def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, slot_table: torch.Tensor,
-                         cached_lens: torch.Tensor, scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+    def extend_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        slot_table: torch.Tensor,
+        cached_lens: torch.Tensor,
+        scale: float,
+        max_seqlen: int | None = None,
+    ) -> torch.Tensor:
         """Per request: gather its context's K/V from the pool, one SDPA call whose mask is causal shifted by
         its cached length (query j sits at position cached + j)."""
         bounds, cached = cu_seqlens.tolist(), cached_lens.tolist()
@@ -77,45 +100,70 @@ class TorchOps:
             slots = slot_table[b, : cached[b] + e - s]
             k = k_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hk, C, D]
             v = v_cache.index_select(0, slots).transpose(0, 1)[None]
-            visible = torch.arange(len(slots), device=q.device) <= torch.arange(cached[b], cached[b] + e - s, device=q.device)[:, None]
-            out[s:e] = F.scaled_dot_product_attention(q[None, s:e].transpose(1, 2), k, v, attn_mask=visible, scale=scale,
-                                                      enable_gqa=True)[0].transpose(0, 1)
+            visible = (
+                torch.arange(len(slots), device=q.device)
+                <= torch.arange(cached[b], cached[b] + e - s, device=q.device)[:, None]
+            )
+            out[s:e] = F.scaled_dot_product_attention(
+                q[None, s:e].transpose(1, 2), k, v, attn_mask=visible, scale=scale, enable_gqa=True
+            )[0].transpose(0, 1)
         return out
 
     @staticmethod
-    def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_table: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    def decode_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         batch, width = slot_table.shape
         rows = max(1, DECODE_CHUNK_BYTES // (2 * width * k_cache[0].numel() * k_cache.element_size()))
         if rows >= batch:
             return _decode_rows(q, k_cache, v_cache, slot_table, seq_lens, scale)
         out = torch.empty_like(q)
         for s in range(0, batch, rows):
-            out[s : s + rows] = _decode_rows(q[s : s + rows], k_cache, v_cache, slot_table[s : s + rows], seq_lens[s : s + rows], scale)
+            out[s : s + rows] = _decode_rows(
+                q[s : s + rows], k_cache, v_cache, slot_table[s : s + rows], seq_lens[s : s + rows], scale
+            )
         return out
 
 
-def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, seq_lens: torch.Tensor,
-                 scale: float) -> torch.Tensor:
+def _decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """decode_attention for a few requests: gather their K/V ([B, L, Hk, D]), one SDPA call."""
-    if seq_lens.device.type == "cpu":  # trim the table to these requests' longest (on a GPU reading the lengths would sync)
+    if (
+        seq_lens.device.type == "cpu"
+    ):  # trim the table to these requests' longest (on a GPU reading the lengths would sync)
         table = table[:, : int(seq_lens.max())]
     batch, width = table.shape
     kv_heads = k_cache.shape[1]
     shape = (batch, width, *k_cache.shape[1:])
-    k = k_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)  # index_select: ~5x faster than [] on a CPU
+    k = (
+        k_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)
+    )  # index_select: ~5x faster than [] on a CPU
     v = v_cache.index_select(0, table.flatten()).view(shape).transpose(1, 2)
     # The query heads that share a KV head become that head's rows of queries ([B, Hk, group, D]), so
     # SDPA reads each K/V head once instead of once per query head: ~1.3x faster than enable_gqa at batch 64.
-    out = F.scaled_dot_product_attention(q.unflatten(1, (kv_heads, -1)), k, v, attn_mask=_padding_mask(seq_lens, width), scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.unflatten(1, (kv_heads, -1)), k, v, attn_mask=_padding_mask(seq_lens, width), scale=scale
+    )
     return out.flatten(1, 2)
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """[N, T, H, D] queries over [N, T, Hk, D] keys/values, causal. SDPA takes its fused CPU kernel only for
     4-D inputs ([N, H, T, D]); 3-D ones go to the math path (~4x slower at 1,000 tokens)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale,
-                                         enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale, enable_gqa=True
+    )
     return out.transpose(1, 2)
 
 

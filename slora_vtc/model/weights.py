@@ -37,7 +37,9 @@ class LlamaWeights:
     lm_head: torch.Tensor  # [V, H]
 
 
-def load_weights(model: str, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaWeights:
+def load_weights(
+    model: str, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype, seed: int = 0
+) -> LlamaWeights:
     """A Hugging Face folder's weights, or dummy weights when `model` names a spec."""
     if is_folder(model):
         return hf_weights(Path(model), spec, device, dtype)
@@ -55,7 +57,15 @@ def dummy_weights(spec: ModelSpec, device="cpu", dtype=torch.float32, seed: int 
 
     h, q, kv, i = spec.hidden_size, spec.q_width, spec.kv_width, spec.intermediate_size
     layers = tuple(
-        LayerWeights(ones(), randn(q + 2 * kv, h), randn(h, q), ones(), randn(2 * i, h), randn(h, i), randn(q + 2 * kv) if spec.qkv_bias else None)
+        LayerWeights(
+            ones(),
+            randn(q + 2 * kv, h),
+            randn(h, q),
+            ones(),
+            randn(2 * i, h),
+            randn(h, i),
+            randn(q + 2 * kv) if spec.qkv_bias else None,
+        )
         for _ in range(spec.num_layers)
     )
     embed = randn(spec.vocab_size, h)
@@ -89,8 +99,18 @@ def hf_weights(folder: Path, spec: ModelSpec, device, dtype: torch.dtype) -> Lla
             attn, mlp = p + "self_attn.", p + "mlp."
             return LayerWeights(
                 attn_norm=get(p + "input_layernorm.weight", h),
-                wqkv=torch.cat([get(attn + "q_proj.weight", q, h), get(attn + "k_proj.weight", kv, h), get(attn + "v_proj.weight", kv, h)]),
-                bqkv=torch.cat([get(attn + "q_proj.bias", q), get(attn + "k_proj.bias", kv), get(attn + "v_proj.bias", kv)]) if spec.qkv_bias else None,
+                wqkv=torch.cat(
+                    [
+                        get(attn + "q_proj.weight", q, h),
+                        get(attn + "k_proj.weight", kv, h),
+                        get(attn + "v_proj.weight", kv, h),
+                    ]
+                ),
+                bqkv=torch.cat(
+                    [get(attn + "q_proj.bias", q), get(attn + "k_proj.bias", kv), get(attn + "v_proj.bias", kv)]
+                )
+                if spec.qkv_bias
+                else None,
                 wo=get(attn + "o_proj.weight", h, q),
                 mlp_norm=get(p + "post_attention_layernorm.weight", h),
                 w_gate_up=torch.cat([get(mlp + "gate_proj.weight", i, h), get(mlp + "up_proj.weight", i, h)]),
@@ -102,7 +122,9 @@ def hf_weights(folder: Path, spec: ModelSpec, device, dtype: torch.dtype) -> Lla
             embed=embed,
             layers=tuple(layer(n) for n in range(spec.num_layers)),
             norm=get("model.norm.weight", h),
-            lm_head=embed if spec.tie_word_embeddings else get("lm_head.weight", v, h),  # tied: a stored lm_head is ignored
+            lm_head=embed
+            if spec.tie_word_embeddings
+            else get("lm_head.weight", v, h),  # tied: a stored lm_head is ignored
         )
 
 

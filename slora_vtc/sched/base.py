@@ -40,7 +40,9 @@ class Scheduler(ABC):
         on_decode_step before each of the steps, as single steps would."""
         return False
 
-    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+    def heads_while_decoding(
+        self, running: list[Request], steps: int, budget: Budget
+    ) -> list[tuple[int, Request]] | None:
         """The request `select` would try first after each of the next `steps` - 1 decode steps of
         `running`, if nothing arrives, finishes or is admitted meanwhile: pairs (first step, request)
         in step order, each request holding until the next pair's step. Only for a scheduler whose

@@ -166,8 +166,14 @@ class DLPM(FCFS):
         """w_q per token: one product per client where the deficits are whole numbers (then it
         equals the per-step sums exactly); otherwise the engine charges step by step."""
         per_step = Counter(req.client for req in running)
-        exact = type(self).on_decode_step is DLPM.on_decode_step and float(self.w_q).is_integer() and all(
-            self._deficit[c].is_integer() and abs(self._deficit[c]) + self.w_q * n * steps < 2.0**52 for c, n in per_step.items())
+        exact = (
+            type(self).on_decode_step is DLPM.on_decode_step
+            and float(self.w_q).is_integer()
+            and all(
+                self._deficit[c].is_integer() and abs(self._deficit[c]) + self.w_q * n * steps < 2.0**52
+                for c, n in per_step.items()
+            )
+        )
         if not exact:
             return False
         for client, n in per_step.items():

@@ -27,7 +27,9 @@ class FCFS(Scheduler):
             admitted.append(self._queue.popleft())
         return admitted
 
-    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+    def heads_while_decoding(
+        self, running: list[Request], steps: int, budget: Budget
+    ) -> list[tuple[int, Request]] | None:
         if type(self).select is not FCFS.select or not self._queue:  # a subclass with its own order says for itself
             return None
         return [(0, self._queue[0])]  # the queue does not move while nothing arrives or is admitted

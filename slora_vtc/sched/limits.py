@@ -61,7 +61,9 @@ class RateLimited(Scheduler):
     def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
         return self.inner.on_decode_steps(running, steps, now)
 
-    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+    def heads_while_decoding(
+        self, running: list[Request], steps: int, budget: Budget
+    ) -> list[tuple[int, Request]] | None:
         return self.inner.heads_while_decoding(running, steps, budget)  # the limit acts at arrival only
 
     def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:

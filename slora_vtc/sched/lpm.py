@@ -41,7 +41,9 @@ class LPM(FCFS):
         self._queue = deque(req for req in self._queue if id(req) not in chosen)
         return admitted
 
-    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+    def heads_while_decoding(
+        self, running: list[Request], steps: int, budget: Budget
+    ) -> list[tuple[int, Request]] | None:
         """Matches change only when the tree does, and decode steps that evict nothing leave it alone."""
         if type(self).select is not LPM.select or not self._queue:
             return None

@@ -50,8 +50,13 @@ class Entry:
 
 def _vtc(opts: SchedulerOptions, **kwargs) -> VTC:
     kwargs.setdefault("lift", opts.lift)
-    return VTC(cost=opts.cost, extra_charge_at_finish=opts.extra_charge_at_finish, charge_cached=opts.charge_cached,
-               charge_recompute=opts.charge_recompute, **kwargs)
+    return VTC(
+        cost=opts.cost,
+        extra_charge_at_finish=opts.extra_charge_at_finish,
+        charge_cached=opts.charge_cached,
+        charge_recompute=opts.charge_recompute,
+        **kwargs,
+    )
 
 
 def _lpm(spec: str, text: str | None) -> LPM:
@@ -92,16 +97,42 @@ def _ratio(spec: str, text: str) -> float:
 
 SCHEDULERS: dict[str, Entry] = {
     "fcfs": Entry(lambda a, c, o: FCFS(), "first come, first served"),
-    "rpm": Entry(lambda a, c, o: RPM(_positive_int(f"rpm:{a}", a)), "FCFS + reject above LIMIT requests/minute per client", "LIMIT"),
+    "rpm": Entry(
+        lambda a, c, o: RPM(_positive_int(f"rpm:{a}", a)),
+        "FCFS + reject above LIMIT requests/minute per client",
+        "LIMIT",
+    ),
     "lcf": Entry(lambda a, c, o: _vtc(o, lift=Lift.NONE), "least counter first (VTC without the lift)"),
     "vtc": Entry(lambda a, c, o: _vtc(o), "virtual token counter"),
-    "wvtc": Entry(lambda a, c, o: _vtc(o, weights=_weights(f"wvtc:{a}", a, c)), "weighted VTC, one weight per client in order", "W1,W2,..."),
-    "vtc-oracle": Entry(lambda a, c, o: _vtc(o, predictor=OraclePredictor()), "VTC charging the true output length up front"),
-    "vtc-pred": Entry(lambda a, c, o: _vtc(o, predictor=UniformErrorPredictor(_ratio(f"vtc-pred:{a}", a), o.seed)), "VTC with a prediction uniform in actual*(1 +- R)", "R"),
-    "vtc-avg": Entry(lambda a, c, o: _vtc(o, predictor=MovingAveragePredictor()), "VTC predicting a per-client moving average"),
-    "lpm": Entry(lambda a, c, o: _lpm(f"lpm:{a}", a), "longest cached prefix first (SGLang); FCFS above N waiting, if given", "N", optional=True),
-    "dlpm": Entry(lambda a, c, o: DLPM(positive_arg("scheduler", f"dlpm:{a}", a, "the quantum"), charge_recompute=o.charge_recompute),
-                  "deficit LPM: LPM order, admission gated by per-client deficits refilled by quantum Q", "Q"),
+    "wvtc": Entry(
+        lambda a, c, o: _vtc(o, weights=_weights(f"wvtc:{a}", a, c)),
+        "weighted VTC, one weight per client in order",
+        "W1,W2,...",
+    ),
+    "vtc-oracle": Entry(
+        lambda a, c, o: _vtc(o, predictor=OraclePredictor()), "VTC charging the true output length up front"
+    ),
+    "vtc-pred": Entry(
+        lambda a, c, o: _vtc(o, predictor=UniformErrorPredictor(_ratio(f"vtc-pred:{a}", a), o.seed)),
+        "VTC with a prediction uniform in actual*(1 +- R)",
+        "R",
+    ),
+    "vtc-avg": Entry(
+        lambda a, c, o: _vtc(o, predictor=MovingAveragePredictor()), "VTC predicting a per-client moving average"
+    ),
+    "lpm": Entry(
+        lambda a, c, o: _lpm(f"lpm:{a}", a),
+        "longest cached prefix first (SGLang); FCFS above N waiting, if given",
+        "N",
+        optional=True,
+    ),
+    "dlpm": Entry(
+        lambda a, c, o: DLPM(
+            positive_arg("scheduler", f"dlpm:{a}", a, "the quantum"), charge_recompute=o.charge_recompute
+        ),
+        "deficit LPM: LPM order, admission gated by per-client deficits refilled by quantum Q",
+        "Q",
+    ),
 }
 
 

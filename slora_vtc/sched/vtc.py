@@ -125,8 +125,12 @@ class VTC(Scheduler):
         self._waiting = 0
         self._queued: dict[str, _Client] = {}  # clients with a waiting request (not every client ever seen)
         self._registered = 0  # clients registered so far (their orders)
-        self._stamps = itertools.count(1)  # heap-entry versions, never reused (a forgotten client's stale entries stay stale)
-        self._orders: OrderedDict[str, int] = OrderedDict()  # the latest KEPT_ORDERS forgotten clients -> their registration order
+        self._stamps = itertools.count(
+            1
+        )  # heap-entry versions, never reused (a forgotten client's stale entries stay stale)
+        self._orders: OrderedDict[str, int] = (
+            OrderedDict()
+        )  # the latest KEPT_ORDERS forgotten clients -> their registration order
         self._kept: dict[str, float] = {}  # forgotten clients whose counter the lift would not give back -> it
         self._left_counter: float | None = None  # the last client to leave, once forgotten: its counter
         self._overwritten = False  # set_counter was used: counters may drop, so forgetting keeps them
@@ -173,7 +177,9 @@ class VTC(Scheduler):
             order = self._orders.pop(name, None)
             if order is None:
                 order, self._registered = self._registered, self._registered + 1
-            self._clients[name] = _Client(order, self._kept.pop(name, 0.0), weight=self.weights.get(name, 1.0), queue=deque())
+            self._clients[name] = _Client(
+                order, self._kept.pop(name, 0.0), weight=self.weights.get(name, 1.0), queue=deque()
+            )
         return self._clients[name]
 
     def _charge(self, name: str, service: float) -> None:
@@ -291,7 +297,9 @@ class VTC(Scheduler):
             return None
         if not (float(cost.w_p).is_integer() and float(cost.w_q).is_integer() and cost.w_q >= 0):
             return None
-        if self.predictor is None and not self.weights and self.charge_cached in (0, 1):  # every token w_q, whole inputs
+        if (
+            self.predictor is None and not self.weights and self.charge_cached in (0, 1)
+        ):  # every token w_q, whole inputs
             rates = {name: n * int(cost.w_q) for name, n in Counter(req.client for req in running).items()}
         else:
             rates = {}
@@ -306,7 +314,9 @@ class VTC(Scheduler):
                 rates[req.client] = rates.get(req.client, 0) + charge
         return rates if all(_exact(self._clients[name].counter, rate * steps) for name, rate in rates.items()) else None
 
-    def heads_while_decoding(self, running: list[Request], steps: int, budget: Budget) -> list[tuple[int, Request]] | None:
+    def heads_while_decoding(
+        self, running: list[Request], steps: int, budget: Budget
+    ) -> list[tuple[int, Request]] | None:
         """The waiting client with the smallest counter after s steps, its counter growing by its
         running requests' charges: the first client stays first until one that grows slower
         overtakes it (integer counters, so the crossing steps are exact)."""

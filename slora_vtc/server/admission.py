@@ -40,8 +40,13 @@ def check_adapter(ctx: ServerContext, client: ClientConfig, adapter: str) -> Non
         raise ApiError(400, f"unknown LoRA adapter '{adapter}' (known: {known})")
     allowed = ctx.clients.allowed_adapters(client)
     if allowed is not None and adapter not in allowed:
-        raise ApiError(403, f"client '{client.name}' may not use the LoRA adapter '{adapter}' (its clients-file entry allows: "
-                            f"{', '.join(allowed) or 'none'})", "permission_error", "adapter_not_allowed")
+        raise ApiError(
+            403,
+            f"client '{client.name}' may not use the LoRA adapter '{adapter}' (its clients-file entry allows: "
+            f"{', '.join(allowed) or 'none'})",
+            "permission_error",
+            "adapter_not_allowed",
+        )
 
 
 def overloaded(message: str) -> ApiError:
@@ -56,7 +61,9 @@ def refusal(ctx: ServerContext, client: str, reason: str) -> ApiError:
         return ApiError(503, reason, "service_unavailable")
     rpm = ctx.clients.named.get(client, ctx.clients.default).rpm
     retry_s = math.ceil(RPM_WINDOW_S / rpm) if rpm else OVERLOAD_RETRY_S  # about when the window lets one more in
-    return ApiError(429, f"request refused: {reason}", "rate_limit_error", "rate_limited", headers={"Retry-After": str(retry_s)})
+    return ApiError(
+        429, f"request refused: {reason}", "rate_limit_error", "rate_limited", headers={"Retry-After": str(retry_s)}
+    )
 
 
 class InflightLimit:
@@ -84,7 +91,9 @@ class InflightLimit:
         await _discard_body(receive, self.ctx.config.max_body_bytes)
         _count_rejected(self.ctx.service, _client_of(scope))
         exc = overloaded(f"request refused: {self.limit} requests are in flight (--max-inflight); retry later")
-        response = JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
+        response = JSONResponse(
+            error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers
+        )
         await response(scope, receive, send)
 
 

@@ -45,16 +45,24 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.state.http_counts = Counter()
-    routes = [*openai_api.router.routes, *slora_api.router.routes, *utility_api.router.routes,
-              *(r for r in app.router.routes if hasattr(r, "path"))]
+    routes = [
+        *openai_api.router.routes,
+        *slora_api.router.routes,
+        *utility_api.router.routes,
+        *(r for r in app.router.routes if hasattr(r, "path")),
+    ]
     app.add_middleware(StatusCounter, counts=app.state.http_counts, routes=routes)  # outermost: counts the 413s too
     return app
 
 
 async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
     ok = ctx.service.healthy
-    body = {"status": "ok" if ok else "unavailable", "model": ctx.model_name, "scheduler": ctx.config.scheduler,
-            "pool_tokens": ctx.engine_config.pool_tokens}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "model": ctx.model_name,
+        "scheduler": ctx.config.scheduler,
+        "pool_tokens": ctx.engine_config.pool_tokens,
+    }
     if ctx.service.error:
         body["error"] = ctx.service.error
     return JSONResponse(body, status_code=200 if ok else 503)

@@ -75,11 +75,20 @@ async def _replay(config: BenchConfig, records: list[RequestSpec], clients: Clie
     async with httpx2.AsyncClient(timeout=timeout, limits=limits) as http:
         server = await _server_info(http, url)
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*(_send(http, url, r, start, config.time_scale, _headers(r.client, clients)) for r in records))
+        outcomes = await asyncio.gather(
+            *(_send(http, url, r, start, config.time_scale, _headers(r.client, clients)) for r in records)
+        )
         total = (time.perf_counter() - start) * config.time_scale
     duration = config.duration or math.ceil(records[-1].arrival)
-    run_config = {"workload": "http", "trace": config.trace, "url": url, "backend": "http", "time_scale": config.time_scale,
-                  "duration": duration, **server}
+    run_config = {
+        "workload": "http",
+        "trace": config.trace,
+        "url": url,
+        "backend": "http",
+        "time_scale": config.time_scale,
+        "duration": duration,
+        **server,
+    }
     if not any(o.status == "finished" for o in outcomes):
         raise NothingServed(_why_none(outcomes))
     responses = tuple(_response(r, o, config.time_scale) for r, o in zip(records, outcomes))
@@ -114,10 +123,14 @@ def _headers(client: str, clients: Clients) -> dict[str, str]:
     return {"X-Client-Id": client}
 
 
-async def _send(http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: float, scale: float, headers: dict) -> _Outcome:
+async def _send(
+    http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: float, scale: float, headers: dict
+) -> _Outcome:
     await asyncio.sleep(max(0.0, start + rec.arrival / scale - time.perf_counter()))
-    body = {"inputs": [DUMMY_TOKEN] * rec.prompt_len,
-            "parameters": {"max_new_tokens": rec.output_len, "ignore_eos": True, "do_sample": False}}
+    body = {
+        "inputs": [DUMMY_TOKEN] * rec.prompt_len,
+        "parameters": {"max_new_tokens": rec.output_len, "ignore_eos": True, "do_sample": False},
+    }
     sent = time.perf_counter()
     first, final = None, None
     try:
@@ -137,7 +150,9 @@ async def _send(http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: flo
         return _Outcome("aborted", why=f"a connection error ({type(e).__name__}: {e})")
     details = (final or {}).get("details") or {}
     if first is None or details.get("finish_reason") not in ("length", "stop"):
-        return _Outcome("aborted", why=f"a stream that ended without finishing ({details.get('finish_reason', 'no final event')})")
+        return _Outcome(
+            "aborted", why=f"a stream that ended without finishing ({details.get('finish_reason', 'no final event')})"
+        )
     return _Outcome("finished", first, time.perf_counter() - sent, details.get("generated_tokens"))
 
 
@@ -154,7 +169,7 @@ def _event(line: str) -> dict | None:
     if not line.startswith("data:"):
         return None
     try:
-        return json.loads(line[len("data:"):])
+        return json.loads(line[len("data:") :])
     except json.JSONDecodeError:
         return None
 
@@ -162,6 +177,12 @@ def _event(line: str) -> dict | None:
 def _response(rec: RequestSpec, outcome: _Outcome, scale: float) -> Response:
     served = outcome.status == "finished"
     output_len = outcome.output_len if served and outcome.output_len is not None else rec.output_len
-    return Response(rec.client, rec.prompt_len, output_len, rec.arrival,
-                    outcome.first_token_s * scale if served else -1.0, outcome.total_s * scale if served else -1.0,
-                    outcome.status)
+    return Response(
+        rec.client,
+        rec.prompt_len,
+        output_len,
+        rec.arrival,
+        outcome.first_token_s * scale if served else -1.0,
+        outcome.total_s * scale if served else -1.0,
+        outcome.status,
+    )

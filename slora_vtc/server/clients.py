@@ -108,8 +108,10 @@ def load_clients(path: str | Path | None) -> Clients:
     if unknown:
         raise UserError(f"{path}: unknown table '{sorted(unknown)[0]}' (expected [default] and [clients.NAME])")
     default = _client(path, "default", _table(path, "default", data.get("default", {})), DEFAULT_KEYS)
-    named = {name: _client(path, f"clients.{name}", _table(path, f"clients.{name}", t), CLIENT_KEYS)
-             for name, t in _table(path, "clients", data.get("clients", {})).items()}
+    named = {
+        name: _client(path, f"clients.{name}", _table(path, f"clients.{name}", t), CLIENT_KEYS)
+        for name, t in _table(path, "clients", data.get("clients", {})).items()
+    }
     keys = [c.api_key for c in named.values() if c.api_key]
     if len(keys) != len(set(keys)):
         raise UserError(f"{path}: two clients share an api_key")
@@ -125,7 +127,9 @@ def _table(path: Path, where: str, value) -> dict:
 def _client(path: Path, where: str, table: dict, allowed: set[str]) -> ClientConfig:
     unknown = set(table) - allowed
     if unknown:
-        raise UserError(f"{path}: [{where}] has unknown key '{sorted(unknown)[0]}' (allowed: {', '.join(sorted(allowed))})")
+        raise UserError(
+            f"{path}: [{where}] has unknown key '{sorted(unknown)[0]}' (allowed: {', '.join(sorted(allowed))})"
+        )
     name = where.removeprefix("clients.")
     weight, rpm = table.get("weight", 1.0), table.get("rpm")
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:

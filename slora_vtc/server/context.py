@@ -31,7 +31,9 @@ class ServerConfig:
     drain_s: float = 30.0  # on SIGINT / SIGTERM: serve in-flight requests this long, then abort them
     max_body_bytes: int = 1 << 20  # larger request bodies get a 413 before they are parsed
     max_client_labels: int = 100  # /metrics labels this many clients by name (the busiest); the rest are client="other"
-    client_idle_s: float = 600.0  # a client with nothing queued or running for this long is forgotten (VTC lifts it on return)
+    client_idle_s: float = (
+        600.0  # a client with nothing queued or running for this long is forgotten (VTC lifts it on return)
+    )
     metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)
     max_inflight: int = 4096  # generation requests handled at once over HTTP; more get a 503 with Retry-After
     max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 with Retry-After
@@ -44,8 +46,13 @@ class ServerConfig:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
         if self.drain_s < 0:
             raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
-        for flag, value in (("--max-body-bytes", self.max_body_bytes), ("--max-client-labels", self.max_client_labels),
-                            ("--max-inflight", self.max_inflight), ("--max-waiting", self.max_waiting), ("--backlog", self.backlog)):
+        for flag, value in (
+            ("--max-body-bytes", self.max_body_bytes),
+            ("--max-client-labels", self.max_client_labels),
+            ("--max-inflight", self.max_inflight),
+            ("--max-waiting", self.max_waiting),
+            ("--backlog", self.backlog),
+        ):
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}")
         for flag, value in (("--client-idle-timeout", self.client_idle_s), ("--keep-alive-timeout", self.keep_alive_s)):
@@ -78,9 +85,16 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
             if name not in adapters:
                 known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
                 who = "[default]" if client is clients.default else f"client '{client.name}'"
-                raise UserError(f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have (known: {known})")
-    return EngineConfig(pool_tokens=config.pool_tokens, lora_rank=0, adapter_row_slots=spec.lora_slots_per_row, adapter_sizes=adapters.sizes(spec),
-                        prefix_cache=config.prefix_cache)
+                raise UserError(
+                    f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have (known: {known})"
+                )
+    return EngineConfig(
+        pool_tokens=config.pool_tokens,
+        lora_rank=0,
+        adapter_row_slots=spec.lora_slots_per_row,
+        adapter_sizes=adapters.sizes(spec),
+        prefix_cache=config.prefix_cache,
+    )
 
 
 def build_context(config: ServerConfig) -> ServerContext:
@@ -92,7 +106,12 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
-    service = EngineService(_engine(config, engine_config, scheduler, adapters), config.client_idle_s, config.max_client_labels, config.max_waiting)
+    service = EngineService(
+        _engine(config, engine_config, scheduler, adapters),
+        config.client_idle_s,
+        config.max_client_labels,
+        config.max_waiting,
+    )
     return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
 
 
@@ -102,9 +121,20 @@ def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapte
     from slora_vtc.engine import Engine
     from slora_vtc.memory import MemoryManager, TokenPool
 
-    settings = BackendSettings(pool_tokens=config.pool_tokens, adapters=adapters, model=config.model,
-                               device=config.device, dtype=config.dtype, seed=config.seed)
+    settings = BackendSettings(
+        pool_tokens=config.pool_tokens,
+        adapters=adapters,
+        model=config.model,
+        device=config.device,
+        dtype=config.dtype,
+        seed=config.seed,
+    )
     backend = build_backend(config.backend, settings)
     backend.warmup()
-    memory = MemoryManager(TokenPool(config.pool_tokens), engine_config.slots_of, on_load=backend.load_adapter, cache=engine_config.prefix_cache)
+    memory = MemoryManager(
+        TokenPool(config.pool_tokens),
+        engine_config.slots_of,
+        on_load=backend.load_adapter,
+        cache=engine_config.prefix_cache,
+    )
     return Engine(engine_config, scheduler, backend, WallClock(), memory)

@@ -40,4 +40,3 @@ def caller(request: Request) -> Caller:
         except Unauthorized as e:
             raise ApiError(401, str(e), "authentication_error") from None
     return Caller(ctx, keyed, request.headers.get(CLIENT_HEADER))
-

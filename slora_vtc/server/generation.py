@@ -72,8 +72,16 @@ def sampling(temperature: float, top_p: float, top_k: int, **extra) -> SamplingP
     return SamplingParams(**extra)
 
 
-def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_tokens: int, params: SamplingParams,
-                ignore_eos: bool, adapter: str | None, stop_ids: tuple[int, ...] = ()) -> Request:
+def new_request(
+    ctx: ServerContext,
+    client: ClientConfig,
+    ids: list[int],
+    max_tokens: int,
+    params: SamplingParams,
+    ignore_eos: bool,
+    adapter: str | None,
+    stop_ids: tuple[int, ...] = (),
+) -> Request:
     """A Request that the engine can serve, or ApiError saying why it never could (400), or why this client may
     not have it (403: an adapter its clients-file entry does not allow).
     `stop_ids`: the client's own stop tokens, added to EOS (kept with ignore_eos, as vLLM does)."""
@@ -81,10 +89,21 @@ def new_request(ctx: ServerContext, client: ClientConfig, ids: list[int], max_to
     if adapter is not None:
         check_adapter(ctx, client, adapter)
     if n + max_tokens > context:
-        raise ApiError(400, f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens")
+        raise ApiError(
+            400,
+            f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens",
+        )
     eos = () if ignore_eos else ctx.spec.eos_token_ids
-    req = Request(client.name, n, max_tokens, ctx.service.clock.now(), adapter=adapter, prompt_ids=ids,
-                  stop_tokens=tuple(dict.fromkeys((*eos, *stop_ids))), sampling=params)
+    req = Request(
+        client.name,
+        n,
+        max_tokens,
+        ctx.service.clock.now(),
+        adapter=adapter,
+        prompt_ids=ids,
+        stop_tokens=tuple(dict.fromkeys((*eos, *stop_ids))),
+        sampling=params,
+    )
     if not fits_alone(req, ctx.engine_config):
         raise ApiError(400, _never_fits(ctx, req))
     return req
@@ -97,9 +116,13 @@ def _never_fits(ctx: ServerContext, req: Request) -> str:
     adapter = f", {cfg.slots_of(req.adapter)} of them for the LoRA adapter" if req.adapter else ""
     most = cfg.pool_tokens - cfg.slots_of(req.adapter) - 1 - req.prompt_len
     if most < 1:
-        return f"the prompt ({req.prompt_len} tokens) is too long for the memory pool of {cfg.pool_tokens} tokens{adapter}"
-    return (f"the prompt ({req.prompt_len} tokens) plus max_tokens ({req.max_new_tokens}) can never fit the memory pool "
-            f"of {cfg.pool_tokens} tokens{adapter}: at most {most} new tokens for this prompt")
+        return (
+            f"the prompt ({req.prompt_len} tokens) is too long for the memory pool of {cfg.pool_tokens} tokens{adapter}"
+        )
+    return (
+        f"the prompt ({req.prompt_len} tokens) plus max_tokens ({req.max_new_tokens}) can never fit the memory pool "
+        f"of {cfg.pool_tokens} tokens{adapter}: at most {most} new tokens for this prompt"
+    )
 
 
 # -- the request's life on the loop ----------------------------------------------------------
@@ -283,5 +306,9 @@ def sse_response(gens: list[Generation], events: AsyncIterator[str]) -> Streamin
         finally:
             close_all(gens)
 
-    return StreamingResponse(guarded(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                             background=BackgroundTask(close_all, gens))
+    return StreamingResponse(
+        guarded(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+        background=BackgroundTask(close_all, gens),
+    )

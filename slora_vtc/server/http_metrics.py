@@ -43,7 +43,6 @@ class StatusCounter:
 
         await self.app(scope, receive, counting_send)
 
-
     def _route(self, scope) -> str:
         chosen = getattr(scope.get("route"), "path", None)
         if chosen is not None:
@@ -57,7 +56,12 @@ class StatusCounter:
 async def metrics(request: Request, ctx: ServerContext = Depends(context)) -> Response:
     key = ctx.config.metrics_key
     if key is not None and not bears_key(request, key):
-        raise ApiError(401, "GET /metrics needs 'Authorization: Bearer KEY' with the server's --metrics-key", "authentication_error", "invalid_api_key")
+        raise ApiError(
+            401,
+            "GET /metrics needs 'Authorization: Bearer KEY' with the server's --metrics-key",
+            "authentication_error",
+            "invalid_api_key",
+        )
     snap = await asyncio.wrap_future(ctx.service.snapshot())
     http = dict(request.app.state.http_counts)
     build = BuildInfo(__version__, ctx.config.scheduler, ctx.model_name)

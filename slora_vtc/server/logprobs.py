@@ -47,11 +47,21 @@ class CompletionLogprobs:
         return out
 
 
-def chat_logprobs(text_of: TokenText, k: int, ids: tuple[int, ...] | list[int],
-                  logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict:
-    return {"content": [{**_entry(text_of(token), lp.logprob),
-                         "top_logprobs": [_entry(text_of(other), value) for other, value in lp.top[:k]]}
-                        for token, lp in zip(ids, logprobs)]}
+def chat_logprobs(
+    text_of: TokenText,
+    k: int,
+    ids: tuple[int, ...] | list[int],
+    logprobs: tuple[TokenLogprob, ...] | list[TokenLogprob],
+) -> dict:
+    return {
+        "content": [
+            {
+                **_entry(text_of(token), lp.logprob),
+                "top_logprobs": [_entry(text_of(other), value) for other, value in lp.top[:k]],
+            }
+            for token, lp in zip(ids, logprobs)
+        ]
+    }
 
 
 def _entry(text: str, logprob: float) -> dict:

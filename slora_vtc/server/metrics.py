@@ -52,7 +52,9 @@ class _SnapshotCollector:
         clients = sorted(s.clients.items())
         for name, doc, value in COUNTS + (CACHED_COUNTS if s.prefix_cache else []):
             yield _per_client(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["client"]), clients, value)
-        reasons = CounterMetricFamily(f"{PREFIX}_requests_by_finish_reason", "requests ended, by finish reason", labels=["client", "reason"])
+        reasons = CounterMetricFamily(
+            f"{PREFIX}_requests_by_finish_reason", "requests ended, by finish reason", labels=["client", "reason"]
+        )
         for client, stats in clients:
             for reason in FINISH_REASONS:
                 reasons.add_metric([client, reason], stats.reasons[reason])
@@ -65,23 +67,45 @@ class _SnapshotCollector:
             yield family
         yield _gauge("client_counter", "the scheduler's service counter (VTC: virtual tokens)", s.counters)
         yield _gauge("client_weight", "the client's weight in the scheduler's share", s.weights)
-        yield _gauge("client_service_share", f"share of the service (x + 2 y tokens) in the last {WINDOW_S} s", s.shares)
+        yield _gauge(
+            "client_service_share", f"share of the service (x + 2 y tokens) in the last {WINDOW_S} s", s.shares
+        )
         yield _gauge("client_waiting", "requests queued, not yet admitted", s.waiting)
         yield _gauge("client_running", "requests in the running batch", s.running)
-        yield GaugeMetricFamily(f"{PREFIX}_jain_index", f"Jain's fairness index over the service rates of the clients active in the last {WINDOW_S} s",
-                                value=s.jain)
-        yield GaugeMetricFamily(f"{PREFIX}_active_clients", f"clients served in the last {WINDOW_S} s or with a request now", value=s.active_clients)
-        yield GaugeMetricFamily(f"{PREFIX}_known_clients", "clients the server keeps numbers for (not yet forgotten)", value=s.known_clients)
-        yield CounterMetricFamily(f"{PREFIX}_forgotten_clients", "clients forgotten after being idle", value=s.forgotten_clients)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_jain_index",
+            f"Jain's fairness index over the service rates of the clients active in the last {WINDOW_S} s",
+            value=s.jain,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_active_clients",
+            f"clients served in the last {WINDOW_S} s or with a request now",
+            value=s.active_clients,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_known_clients", "clients the server keeps numbers for (not yet forgotten)", value=s.known_clients
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_forgotten_clients", "clients forgotten after being idle", value=s.forgotten_clients
+        )
         yield GaugeMetricFamily(f"{PREFIX}_pool_tokens", "slots in the unified memory pool", value=s.pool_size)
         yield GaugeMetricFamily(f"{PREFIX}_pool_used_tokens", "slots held by KV caches and adapters", value=s.pool_used)
-        yield GaugeMetricFamily(f"{PREFIX}_adapters_resident", "LoRA adapters loaded in the pool", value=s.adapters_resident)
-        http = CounterMetricFamily(f"{PREFIX}_http_requests", "HTTP requests answered, by route template and status", labels=["route", "status"])
+        yield GaugeMetricFamily(
+            f"{PREFIX}_adapters_resident", "LoRA adapters loaded in the pool", value=s.adapters_resident
+        )
+        http = CounterMetricFamily(
+            f"{PREFIX}_http_requests",
+            "HTTP requests answered, by route template and status",
+            labels=["route", "status"],
+        )
         for (route, status), n in sorted(self.http.items()):
             http.add_metric([route, status], n)
         yield http
-        yield InfoMetricFamily(f"{PREFIX}_build", "the server's version, scheduler and model",
-                               value={"version": self.build.version, "scheduler": self.build.scheduler, "model": self.build.model})
+        yield InfoMetricFamily(
+            f"{PREFIX}_build",
+            "the server's version, scheduler and model",
+            value={"version": self.build.version, "scheduler": self.build.scheduler, "model": self.build.model},
+        )
 
 
 def _per_client(family, clients: list[tuple[str, ClientStats]], value):

@@ -17,12 +17,27 @@ from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import Caller, caller, context
 from slora_vtc.server.errors import ApiError
-from slora_vtc.server.generation import Generation, check_vocab, collect_all, new_request, prompt_ids, room, sampling, sse_response, start_all
+from slora_vtc.server.generation import (
+    Generation,
+    check_vocab,
+    collect_all,
+    new_request,
+    prompt_ids,
+    room,
+    sampling,
+    sse_response,
+    start_all,
+)
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
-from slora_vtc.server.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, ChatRequest, CompletionRequest, OpenAIParams
+from slora_vtc.server.protocol import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    ChatRequest,
+    CompletionRequest,
+    OpenAIParams,
+)
 
 router = APIRouter()
-
 
 
 @router.get("/v1/models")
@@ -49,7 +64,12 @@ def _model_card(ctx: ServerContext, name: str) -> dict:
 
 def _check_model(ctx: ServerContext, name: str | None) -> None:
     if name is not None and name not in (ctx.model_name, ctx.config.model) and name not in ctx.adapters:
-        raise ApiError(404, f"the model '{name}' does not exist (served: {', '.join(_served(ctx))})", "not_found_error", "model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{name}' does not exist (served: {', '.join(_served(ctx))})",
+            "not_found_error",
+            "model_not_found",
+        )
 
 
 def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> str | None:
@@ -63,7 +83,9 @@ async def completions(body: CompletionRequest, http: Request, who: Caller = Depe
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
     prompts = body.prompts
-    ids = await asyncio.to_thread(lambda: [prompt_ids(ctx, p) for p in prompts])  # off the event loop: a long prompt must not stall streams
+    ids = await asyncio.to_thread(
+        lambda: [prompt_ids(ctx, p) for p in prompts]
+    )  # off the event loop: a long prompt must not stall streams
     gens = await _start(ctx, client, body, ids, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, adapter)
     echoes = [p if isinstance(p, str) else ctx.tokenizer.decode(i) for p, i in zip(prompts, ids)] if body.echo else None
     reply = Reply(ctx, "cmpl", CompletionChoices(ctx, body, echoes), body.include_usage)
@@ -77,8 +99,14 @@ async def completions(body: CompletionRequest, http: Request, who: Caller = Depe
 async def chat(body: ChatRequest, http: Request, who: Caller = Depends(caller)):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
-    ids = await asyncio.to_thread(lambda: prompt_ids(ctx, ctx.tokenizer.chat_prompt([(m.role, m.text) for m in body.messages])))
-    max_tokens = body.max_completion_tokens or body.max_tokens or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), adapter)))
+    ids = await asyncio.to_thread(
+        lambda: prompt_ids(ctx, ctx.tokenizer.chat_prompt([(m.role, m.text) for m in body.messages]))
+    )
+    max_tokens = (
+        body.max_completion_tokens
+        or body.max_tokens
+        or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), adapter)))
+    )
     gens = await _start(ctx, client, body, [ids], max_tokens, adapter)
     reply = Reply(ctx, "chatcmpl", ChatChoices(ctx, body), body.include_usage)
     if body.stream:
@@ -87,18 +115,35 @@ async def chat(body: ChatRequest, http: Request, who: Caller = Depends(caller)):
     return reply.whole(gens, body.n)
 
 
-async def _start(ctx: ServerContext, client: ClientConfig, body: OpenAIParams, prompts: list[list[int]], max_tokens: int,
-                 adapter: str | None) -> list[Generation]:
+async def _start(
+    ctx: ServerContext,
+    client: ClientConfig,
+    body: OpenAIParams,
+    prompts: list[list[int]],
+    max_tokens: int,
+    adapter: str | None,
+) -> list[Generation]:
     """One generation per prompt and sequence, prompt-major, started together."""
     stop_ids = _stop_ids(ctx, body)
-    requests = [new_request(ctx, client, ids, max_tokens, _sampling(body, j), body.ignore_eos, adapter, stop_ids)
-                for ids in prompts for j in range(body.sequences)]
+    requests = [
+        new_request(ctx, client, ids, max_tokens, _sampling(body, j), body.ignore_eos, adapter, stop_ids)
+        for ids in prompts
+        for j in range(body.sequences)
+    ]
     return await start_all(ctx, requests, body.stop_strings)
 
 
 def _sampling(body: OpenAIParams, sequence: int) -> SamplingParams:
-    return sampling(body.temperature, body.top_p, body.top_k, seed=body.seed_of(sequence), presence_penalty=body.presence_penalty,
-                    frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty, logprobs=body.engine_logprobs())
+    return sampling(
+        body.temperature,
+        body.top_p,
+        body.top_k,
+        seed=body.seed_of(sequence),
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logprobs=body.engine_logprobs(),
+    )
 
 
 def _stop_ids(ctx: ServerContext, body: OpenAIParams) -> tuple[int, ...]:

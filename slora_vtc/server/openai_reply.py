@@ -93,15 +93,23 @@ class ChatChoices:
     def delta(self, index: int, delta: Delta) -> dict | None:
         if not delta.text and not (self.with_logprobs and delta.ids):
             return None
-        return {"index": index, "delta": {"content": delta.text} if delta.text else {},
-                "logprobs": self._lp(delta.ids, delta.logprobs), "finish_reason": None}
+        return {
+            "index": index,
+            "delta": {"content": delta.text} if delta.text else {},
+            "logprobs": self._lp(delta.ids, delta.logprobs),
+            "finish_reason": None,
+        }
 
     def last(self, index: int, gen: Generation) -> dict:
         return {"index": index, "delta": {}, "logprobs": None, **_finish(gen)}
 
     def whole(self, index: int, gen: Generation, source: int) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": gen.text},
-                "logprobs": self._lp(gen.ids, gen.logprobs), **_finish(gen)}
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": gen.text},
+            "logprobs": self._lp(gen.ids, gen.logprobs),
+            **_finish(gen),
+        }
 
 
 def _finish(gen: Generation | None) -> dict:

@@ -16,9 +16,13 @@ Prompt = str | list[int]
 
 # field -> values that mean "not used"; anything else is refused (None is always fine)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "response_format": ({"type": "text"},),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
     # vLLM's extensions that change the output
-    "min_p": (0,), "min_tokens": (0,),
+    "min_p": (0,),
+    "min_tokens": (0,),
 }
 CHAT_UNSUPPORTED = {**UNSUPPORTED, "best_of": (1,), "echo": (False,)}  # completions only
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -91,7 +95,9 @@ class OpenAIParams(BaseModel):
             data = {k: v for k, v in data.items() if v is not None}  # null means not given (`"n": null` is n = 1)
             for name, unused in cls.unsupported.items():
                 value = data.get(name)
-                if value is not None and not any(value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused):
+                if value is not None and not any(
+                    value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused
+                ):
                     raise ValueError(f"'{name}' is not supported by this server (got {value!r})")
         return data
 
@@ -148,7 +154,9 @@ class CompletionRequest(OpenAIParams):
         if self.echo and self.logprobs is not None:
             raise ValueError("'echo' with 'logprobs' is not supported by this server (it needs the prompt's logprobs)")
         if len(self.prompts) * self.sequences > MAX_SEQUENCES:
-            raise ValueError(f"{len(self.prompts)} prompts x {self.sequences} sequences each is more than {MAX_SEQUENCES} in one request")
+            raise ValueError(
+                f"{len(self.prompts)} prompts x {self.sequences} sequences each is more than {MAX_SEQUENCES} in one request"
+            )
         return self
 
     @property
@@ -221,5 +229,6 @@ class GenerateRequest(BaseModel):
     @classmethod
     def _prompt(cls, value):
         return _single_prompt(value)
+
     parameters: GenerateParameters = GenerateParameters()
     lora_dir: str | None = None  # S-LoRA names the adapter by its folder; here: the adapter's name

@@ -51,8 +51,15 @@ class Server(uvicorn.Server):
 
 def server_for(ctx: ServerContext, **overrides) -> Server:
     cfg = ctx.config
-    settings = dict(host=cfg.host, port=cfg.port, log_level="info", lifespan="on", backlog=cfg.backlog,
-                    timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=math.ceil(cfg.drain_s) + FLUSH_MARGIN_S)
+    settings = dict(
+        host=cfg.host,
+        port=cfg.port,
+        log_level="info",
+        lifespan="on",
+        backlog=cfg.backlog,
+        timeout_keep_alive=cfg.keep_alive_s,
+        timeout_graceful_shutdown=math.ceil(cfg.drain_s) + FLUSH_MARGIN_S,
+    )
     return Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}), ctx)
 
 
@@ -66,14 +73,19 @@ def backlog_note(backlog: int, somaxconn: Path = Path("/proc/sys/net/core/somaxc
         return None
     if cap >= backlog:
         return None
-    return (f"slora-vtc: warning: the kernel caps the listen backlog at {cap} (net.core.somaxconn), below --backlog {backlog}; "
-            f"a burst of connections beyond that may be reset")
+    return (
+        f"slora-vtc: warning: the kernel caps the listen backlog at {cap} (net.core.somaxconn), below --backlog {backlog}; "
+        f"a burst of connections beyond that may be reset"
+    )
 
 
 def serve(config: ServerConfig) -> None:
     ctx = build_context(config)
-    print(f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
-          f"(pool {config.pool_tokens} tokens)", flush=True)
+    print(
+        f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
+        f"(pool {config.pool_tokens} tokens)",
+        flush=True,
+    )
     note = backlog_note(config.backlog)
     if note:
         print(note, file=sys.stderr, flush=True)

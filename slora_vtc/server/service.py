@@ -75,7 +75,9 @@ def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
 
 
 class EngineService:
-    def __init__(self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100, max_waiting: int | None = None):
+    def __init__(
+        self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100, max_waiting: int | None = None
+    ):
         self.engine = engine
         self.max_waiting = max_waiting  # requests queued in the scheduler; None: no bound
         engine.on_end = self._on_end

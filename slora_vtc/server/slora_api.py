@@ -25,8 +25,12 @@ router = APIRouter()
 async def generate(body: GenerateRequest, http: Request, who: Caller = Depends(caller)) -> dict:
     gen = await _start(who, body)
     text = await gen.collect(http)
-    return {"generated_text": [text], "count_output_tokens": gen.end.generated, "finish_reason": gen.end.finish_reason,
-            "prompt_tokens": gen.end.prompt_tokens}
+    return {
+        "generated_text": [text],
+        "count_output_tokens": gen.end.generated,
+        "finish_reason": gen.end.finish_reason,
+        "prompt_tokens": gen.end.prompt_tokens,
+    }
 
 
 @router.post("/generate_stream")
@@ -40,7 +44,9 @@ async def _start(who: Caller, body: GenerateRequest) -> Generation:
     p = body.parameters
     params = sampling(p.temperature if p.do_sample else 0.0, p.top_p, p.top_k)
     ids = await asyncio.to_thread(prompt_ids, ctx, body.inputs)  # off the event loop
-    return await Generation.start(ctx, new_request(ctx, client, ids, p.max_new_tokens, params, p.ignore_eos, body.lora_dir or client.adapter))
+    return await Generation.start(
+        ctx, new_request(ctx, client, ids, p.max_new_tokens, params, p.ignore_eos, body.lora_dir or client.adapter)
+    )
 
 
 async def _events(gen: Generation) -> AsyncIterator[str]:
@@ -49,10 +55,20 @@ async def _events(gen: Generation) -> AsyncIterator[str]:
         text.append(delta.text)
         for i, token in enumerate(delta.ids):
             piece = delta.text if i == len(delta.ids) - 1 else ""
-            yield sse({"token": {"id": token, "text": piece, "logprob": None, "special": False},
-                       "generated_text": None, "finished": False, "details": None})
+            yield sse(
+                {
+                    "token": {"id": token, "text": piece, "logprob": None, "special": False},
+                    "generated_text": None,
+                    "finished": False,
+                    "details": None,
+                }
+            )
     end = gen.end
-    details = {"finish_reason": end.finish_reason, "prompt_tokens": end.prompt_tokens, "generated_tokens": end.generated}
+    details = {
+        "finish_reason": end.finish_reason,
+        "prompt_tokens": end.prompt_tokens,
+        "generated_tokens": end.generated,
+    }
     if end.finish_reason == "abort":
         details["error"] = end.reason
     yield sse({"token": None, "generated_text": "".join(text), "finished": True, "details": details})

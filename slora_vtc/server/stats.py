@@ -52,7 +52,9 @@ class Histogram:
         return sum(self.counts)
 
     def combined(self, other: "Histogram", sign: int) -> "Histogram":
-        return Histogram(self.bounds, [a + sign * b for a, b in zip(self.counts, other.counts)], self.total + sign * other.total)
+        return Histogram(
+            self.bounds, [a + sign * b for a, b in zip(self.counts, other.counts)], self.total + sign * other.total
+        )
 
 
 def _latency() -> Histogram:
@@ -74,7 +76,9 @@ class ClientStats:
     time_to_first_token: Histogram = field(default_factory=_latency)
     latency: Histogram = field(default_factory=_latency)  # arrival to the end, finished requests
     queue_time: Histogram = field(default_factory=_latency)  # arrival to the first admission
-    token_gap: Histogram = field(default_factory=lambda: Histogram(TOKEN_GAP_BUCKETS))  # between two tokens of a request
+    token_gap: Histogram = field(
+        default_factory=lambda: Histogram(TOKEN_GAP_BUCKETS)
+    )  # between two tokens of a request
     live: int = 0  # requests submitted and not ended (not a metric: what makes the client idle)
 
     def ended(self, state: State) -> None:
@@ -92,7 +96,12 @@ class ClientStats:
     @property
     def reasons(self) -> dict[str, int]:
         """Requests by finish reason."""
-        return {"stop": self.stopped, "length": self.finished - self.stopped, "abort": self.aborted, "rejected": self.rejected}
+        return {
+            "stop": self.stopped,
+            "length": self.finished - self.stopped,
+            "abort": self.aborted,
+            "rejected": self.rejected,
+        }
 
     def copy(self) -> "ClientStats":
         return self.combined(ClientStats(), 1)
@@ -301,7 +310,11 @@ class ServerStats:
         self._relabelled_at = now
         self.window.advance(now)
         service = self.window.service
-        candidates = (set(service) | set(self.labels)) & set(self.clients) if len(self.clients) > self.max_labels else set(self.clients)
+        candidates = (
+            (set(service) | set(self.labels)) & set(self.clients)
+            if len(self.clients) > self.max_labels
+            else set(self.clients)
+        )
         candidates.discard(OTHER)
         chosen = nlargest(self.max_labels, candidates, key=lambda c: (service.get(c, 0.0), c in self.labels, c))
         for client in set(self.labels) - set(chosen):

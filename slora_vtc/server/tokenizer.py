@@ -42,7 +42,9 @@ def plain_chat(messages: list[Message]) -> str:
 class ByteTokenizer(Tokenizer):
     def __init__(self, spec: ModelSpec):
         if spec.vocab_size < BYTES:
-            raise UserError(f"model '{spec.name}': a vocabulary of {spec.vocab_size} cannot hold the byte tokenizer (256 ids); pass --tokenizer")
+            raise UserError(
+                f"model '{spec.name}': a vocabulary of {spec.vocab_size} cannot hold the byte tokenizer (256 ids); pass --tokenizer"
+            )
         self.offset = min(LLAMA_BYTE_OFFSET, spec.vocab_size - BYTES)
         self.bos_id = spec.bos_token_id
         self.specials = {spec.bos_token_id, *spec.eos_token_ids}

@@ -40,7 +40,9 @@ class Suite:
         if self.replays_trace:
             return self._replay(duration, trace_path)
         if trace_path is not None:
-            raise UserError(f"suite '{self.name}' is generated from a seed; --trace applies only to trace suites (real) and to `replay`")
+            raise UserError(
+                f"suite '{self.name}' is generated from a seed; --trace applies only to trace suites (real) and to `replay`"
+            )
         return Workload(self.name, client_names(self.num_clients), duration, tuple(self.generate(duration, seed)))
 
     def _replay(self, duration: float, trace_path: str | None) -> Workload:

@@ -121,7 +121,7 @@ def qa(clients: list[QAClient]) -> Generator:
         for b in range(0, len(times), block):
             docs = [(f"{name}/doc{b // QA_QUESTIONS_PER_DOC + d}", _uniform(rng, c.doc)) for d in range(QA_OPEN_DOCS)]
             order = rng.permutation(np.repeat(np.arange(QA_OPEN_DOCS), QA_QUESTIONS_PER_DOC))
-            for k, (t, d) in enumerate(zip(times[b:b + block], order)):
+            for k, (t, d) in enumerate(zip(times[b : b + block], order)):
                 segments = (docs[d], (f"{name}/q{b + k}", _uniform(rng, QA_QUESTION)))
                 specs.append(RequestSpec(name, sum(n for _, n in segments), QA_OUTPUT, t, segments))
         return specs
@@ -180,7 +180,11 @@ def judge(clients: list[JudgeClient]) -> Generator:
         for k, t in enumerate(_starts(rng, c.rate, duration)):
             article = (f"{name}/article{k}", _uniform(rng, c.article) + c.extra)
             for instruction in instructions:
-                specs.append(RequestSpec(name, article[1] + instruction[1], _uniform(rng, JUDGE_OUTPUT), t, (article, instruction)))
+                specs.append(
+                    RequestSpec(
+                        name, article[1] + instruction[1], _uniform(rng, JUDGE_OUTPUT), t, (article, instruction)
+                    )
+                )
         return specs
 
     return _per_client(clients, make)
@@ -207,7 +211,9 @@ def chat(clients: list[ChatClient]) -> Generator:
                 prompt = (*history, message)
                 if sum(n for _, n in prompt) > CHAT_MAX_PROMPT:
                     break
-                specs.append(RequestSpec(name, sum(n for _, n in prompt), reply, start + turn * CHAT_TURN_GAP_S, prompt))
+                specs.append(
+                    RequestSpec(name, sum(n for _, n in prompt), reply, start + turn * CHAT_TURN_GAP_S, prompt)
+                )
                 history = (*prompt, (f"{name}/c{conv}/a{turn}", reply))
         return specs
 
@@ -219,8 +225,12 @@ def _length(rng: np.random.Generator, mean: int) -> int:
     return min(int(rng.geometric(1.0 / mean)), 1023)
 
 
-
-QA_RATE, TOT_RATE, JUDGE_RATE, CHAT_RATE = 10.0, 0.2, 1.0, 1.0  # per client: questions, trees, articles, conversations a second
+QA_RATE, TOT_RATE, JUDGE_RATE, CHAT_RATE = (
+    10.0,
+    0.2,
+    1.0,
+    1.0,
+)  # per client: questions, trees, articles, conversations a second
 DURATIONS = {"qa": 90.0, "tot": 90.0, "judge": 120.0, "chat": 120.0}
 
 
@@ -233,17 +243,58 @@ def prefix_suites() -> list[Suite]:
     """The 12 prefix suites: each workload as is, S1 (client 0 sends more requests) and S2 (client 0's prefixes are longer)."""
     qa_, tot_, judge_, chat_ = QAClient(QA_RATE), ToTClient(TOT_RATE), JudgeClient(JUDGE_RATE), ChatClient(CHAT_RATE)
     return [
-        _suite("prefix_qa", "2 clients 10 questions/s, documents 1200-1800 tokens, 16 questions each, output 15", qa([qa_, qa_])),
+        _suite(
+            "prefix_qa",
+            "2 clients 10 questions/s, documents 1200-1800 tokens, 16 questions each, output 15",
+            qa([qa_, qa_]),
+        ),
         _suite("prefix_qa_s1", "prefix_qa, client 0 at 30 questions/s", qa([QAClient(3 * QA_RATE), qa_])),
-        _suite("prefix_qa_s2", "prefix_qa, client 0's documents 2400-3000 tokens", qa([QAClient(QA_RATE, (2400, 3000)), qa_])),
-        _suite("prefix_tot", "2 clients 0.2 trees/s, height 4, 2 branches (30 requests a tree), question 80-120, thoughts 96-160",
-               tot([tot_, tot_])),
-        _suite("prefix_tot_s1", "prefix_tot, client 0's trees 4 branches (340 requests a tree)", tot([ToTClient(TOT_RATE, branches=4), tot_])),
-        _suite("prefix_tot_s2", "prefix_tot, client 0's questions 800-1200 tokens (10x)", tot([ToTClient(TOT_RATE, question=(800, 1200)), tot_])),
-        _suite("prefix_judge", "2 clients 1 article/s, articles 800-1200 tokens, 2 dimensions, output 96-160", judge([judge_, judge_])),
-        _suite("prefix_judge_s1", "prefix_judge, client 0 judges 16 dimensions", judge([JudgeClient(JUDGE_RATE, dimensions=16), judge_])),
-        _suite("prefix_judge_s2", "prefix_judge, client 0's articles 600 tokens longer", judge([JudgeClient(JUDGE_RATE, extra=600), judge_])),
-        _suite("prefix_chat", "2 clients 1 conversation/s, 2-6 turns 8 s apart, messages ~56, replies ~142", chat([chat_, chat_])),
-        _suite("prefix_chat_s1", "prefix_chat, client 0 at 3 conversations/s", chat([ChatClient(3 * CHAT_RATE), chat_])),
-        _suite("prefix_chat_s2", "prefix_chat, client 0's conversations 6-10 turns", chat([ChatClient(CHAT_RATE, turns=(6, 10)), chat_])),
+        _suite(
+            "prefix_qa_s2",
+            "prefix_qa, client 0's documents 2400-3000 tokens",
+            qa([QAClient(QA_RATE, (2400, 3000)), qa_]),
+        ),
+        _suite(
+            "prefix_tot",
+            "2 clients 0.2 trees/s, height 4, 2 branches (30 requests a tree), question 80-120, thoughts 96-160",
+            tot([tot_, tot_]),
+        ),
+        _suite(
+            "prefix_tot_s1",
+            "prefix_tot, client 0's trees 4 branches (340 requests a tree)",
+            tot([ToTClient(TOT_RATE, branches=4), tot_]),
+        ),
+        _suite(
+            "prefix_tot_s2",
+            "prefix_tot, client 0's questions 800-1200 tokens (10x)",
+            tot([ToTClient(TOT_RATE, question=(800, 1200)), tot_]),
+        ),
+        _suite(
+            "prefix_judge",
+            "2 clients 1 article/s, articles 800-1200 tokens, 2 dimensions, output 96-160",
+            judge([judge_, judge_]),
+        ),
+        _suite(
+            "prefix_judge_s1",
+            "prefix_judge, client 0 judges 16 dimensions",
+            judge([JudgeClient(JUDGE_RATE, dimensions=16), judge_]),
+        ),
+        _suite(
+            "prefix_judge_s2",
+            "prefix_judge, client 0's articles 600 tokens longer",
+            judge([JudgeClient(JUDGE_RATE, extra=600), judge_]),
+        ),
+        _suite(
+            "prefix_chat",
+            "2 clients 1 conversation/s, 2-6 turns 8 s apart, messages ~56, replies ~142",
+            chat([chat_, chat_]),
+        ),
+        _suite(
+            "prefix_chat_s1", "prefix_chat, client 0 at 3 conversations/s", chat([ChatClient(3 * CHAT_RATE), chat_])
+        ),
+        _suite(
+            "prefix_chat_s2",
+            "prefix_chat, client 0's conversations 6-10 turns",
+            chat([ChatClient(CHAT_RATE, turns=(6, 10)), chat_]),
+        ),
     ]

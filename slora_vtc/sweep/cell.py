@@ -80,10 +80,18 @@ def summary(result: RunResult) -> dict:
     diff = metrics.service_difference(result, metrics.synthetic_ticks(duration), cost) if served else np.array([np.nan])
     rates = metrics.window_service_rates(result, 0.0, duration, cost) if served else {}
     return {
-        "throughput": metrics.throughput(result), "service_diff_max": float(diff.max()), "service_diff_avg": float(diff.mean()),
-        "fairness_max": fair.max, "fairness_avg": fair.avg, "fairness_var": fair.var,
-        "ttft_mean": metrics.mean_response_time(result), "service_rates": json.dumps(rates),
-        "requests": len(result.responses), **counts, "cache_hit_rate": metrics.cache_hit_rate(result),
-        "preemptions": int(sum(r.preemptions for r in result.responses)), "total_time": result.total_time,
+        "throughput": metrics.throughput(result),
+        "service_diff_max": float(diff.max()),
+        "service_diff_avg": float(diff.mean()),
+        "fairness_max": fair.max,
+        "fairness_avg": fair.avg,
+        "fairness_var": fair.var,
+        "ttft_mean": metrics.mean_response_time(result),
+        "service_rates": json.dumps(rates),
+        "requests": len(result.responses),
+        **counts,
+        "cache_hit_rate": metrics.cache_hit_rate(result),
+        "preemptions": int(sum(r.preemptions for r in result.responses)),
+        "total_time": result.total_time,
         "load_imbalance": metrics.load_imbalance(result) if metrics.replica_count(result) > 1 else 1.0,
     }

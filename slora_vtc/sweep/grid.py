@@ -4,11 +4,12 @@ routers, router_sync, ...: a [fixed] table of cluster settings only); the cells 
 the lists, in the file's order."""
 
 import itertools
-import tomllib
 import types
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
+
+import tomllib
 
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import CLUSTER_ONLY, Experiment
@@ -27,7 +28,9 @@ def load_grid(path: Path) -> list[Cell]:
     grid, fixed, cluster = (_table(path, raw, name) for name in TABLES)
     not_cluster = [k for k in cluster if k not in CLUSTER_ONLY]
     if not_cluster:
-        raise UserError(f"{path}: cluster.{not_cluster[0]} is not a cluster setting (those are: {', '.join(CLUSTER_ONLY)}); put it in [fixed]")
+        raise UserError(
+            f"{path}: cluster.{not_cluster[0]} is not a cluster setting (those are: {', '.join(CLUSTER_ONLY)}); put it in [fixed]"
+        )
     both = [k for k in cluster if k in fixed]
     if both:
         raise UserError(f"{path}: '{both[0]}' is in both [fixed] and [cluster]")
@@ -39,7 +42,11 @@ def load_grid(path: Path) -> list[Cell]:
     both = [k for k in axes if k in shared]
     if both:
         raise UserError(f"{path}: '{both[0]}' is in both [grid] and [fixed]")
-    missing = [f.name for f in fields(Experiment) if f.default is MISSING and f.default_factory is MISSING and f.name not in {**axes, **shared}]
+    missing = [
+        f.name
+        for f in fields(Experiment)
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in {**axes, **shared}
+    ]
     if missing:
         raise UserError(f"{path}: every cell needs '{missing[0]}': add it to [grid] or [fixed]")
     return [Cell({**shared, **dict(zip(axes, combo))}, tuple(axes)) for combo in itertools.product(*axes.values())]
@@ -109,7 +116,7 @@ def _coerce(value, kind):
         return tuple(_coerce(v, typing.get_args(kind)[0]) for v in value)
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if kind in (bool, int, str) and not (type(value) is kind):
+    if kind in (bool, int, str) and type(value) is not kind:
         raise TypeError
     return value
 

@@ -57,7 +57,7 @@ def _series(stats, hue: str | None):
 def _lines(ax, stats, x: str, hue: str | None) -> None:
     for value, part in _series(stats, hue):
         part = part.sort_values(x)
-        line, = ax.plot(part[x], part["mean"], marker="o", label=None if hue is None else str(value))
+        (line,) = ax.plot(part[x], part["mean"], marker="o", label=None if hue is None else str(value))
         ax.fill_between(part[x], part["min"], part["max"], color=line.get_color(), alpha=0.2, linewidth=0)
 
 

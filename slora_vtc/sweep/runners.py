@@ -72,7 +72,9 @@ def ray_session(address: str | None, jobs: int | None):
     try:
         with stderr_muted():  # Ray's C++ core logs each retry of a connection that fails
             if address is None:
-                ray.init(address="local", num_cpus=jobs or os.cpu_count(), include_dashboard=False, **quiet)  # local: never a cluster found on disk
+                ray.init(
+                    address="local", num_cpus=jobs or os.cpu_count(), include_dashboard=False, **quiet
+                )  # local: never a cluster found on disk
             else:
                 ray.init(address=address, **quiet)
     except Exception as e:  # noqa: BLE001 - whatever Ray raises, the user needs one line

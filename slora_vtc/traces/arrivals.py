@@ -26,13 +26,17 @@ def arrival_rule(path, records: list[dict], requested: str) -> str:
     if not untimed:
         return "timestamps"
     if requested == "timestamps":
-        raise UserError(f"{path}: record {untimed[0]}: missing field 'tstamp' (--arrivals timestamps needs a 'tstamp' or "
-                        "'timestamp' on every record; lmsys-chat-1m and ShareGPT logs have none: use --arrivals poisson or auto)")
+        raise UserError(
+            f"{path}: record {untimed[0]}: missing field 'tstamp' (--arrivals timestamps needs a 'tstamp' or "
+            "'timestamp' on every record; lmsys-chat-1m and ShareGPT logs have none: use --arrivals poisson or auto)"
+        )
     if len(untimed) == len(records):
         return "poisson"
     timed = next(n for n, rec in enumerate(records, 1) if time_field(rec) is not None)
-    raise UserError(f"{path}: record {untimed[0]}: missing field 'tstamp' while record {timed} has one; "
-                    "give every record a timestamp or none (--arrivals poisson ignores them)")
+    raise UserError(
+        f"{path}: record {untimed[0]}: missing field 'tstamp' while record {timed} has one; "
+        "give every record a timestamp or none (--arrivals poisson ignores them)"
+    )
 
 
 def record_times(path, records: list[dict]) -> list[float]:
@@ -48,7 +52,9 @@ def parse_time(where: str, field: str, value) -> float:
     """Unix seconds from a number, a numeric string or an ISO-8601 time (naive times are UTC)."""
     seconds = _seconds(value)
     if seconds is None or not math.isfinite(seconds):
-        raise UserError(f"{where}: field '{field}' is not a time (Unix seconds or ISO-8601, e.g. 2023-04-01T10:00:00): {value!r}")
+        raise UserError(
+            f"{where}: field '{field}' is not a time (Unix seconds or ISO-8601, e.g. 2023-04-01T10:00:00): {value!r}"
+        )
     return seconds
 
 

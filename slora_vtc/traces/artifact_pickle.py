@@ -25,8 +25,15 @@ class ArtifactRequest:
         self.__dict__.update(state)
 
 
-ALLOWED = {("builtins", "list"), ("builtins", "dict"), ("builtins", "tuple"), ("builtins", "set"),
-           ("builtins", "object"), ("copyreg", "_reconstructor"), ("collections", "OrderedDict")}
+ALLOWED = {
+    ("builtins", "list"),
+    ("builtins", "dict"),
+    ("builtins", "tuple"),
+    ("builtins", "set"),
+    ("builtins", "object"),
+    ("copyreg", "_reconstructor"),
+    ("collections", "OrderedDict"),
+}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):

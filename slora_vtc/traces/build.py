@@ -87,7 +87,9 @@ def load_raw(path: str | Path) -> list[dict]:
         raise UserError(f"{path}: no such file")
     data = read_input(path, "give one file of conversation logs (JSON, JSONL or parquet, optionally .gz)")
     if is_pickle(data):
-        raise UserError(f"{path}: is a Python pickle, which trace build does not read (unpickling can run code); {RAW_FORMATS}")
+        raise UserError(
+            f"{path}: is a Python pickle, which trace build does not read (unpickling can run code); {RAW_FORMATS}"
+        )
     if is_parquet(path, data):
         return parquet_rows(path, data)
     return _objects(path, _json_records(path, decode_text(path, data, RAW_FORMATS)))
@@ -115,13 +117,24 @@ def requested_count(rate: float, duration: float) -> int:
         raise UserError(f"--rate and --duration must be positive (got {rate}, {duration})")
     wanted = math.floor(round(rate * duration, 6))  # 0.29 * 100 is 28.999999999999996: still 29
     if wanted < 1:
-        raise UserError(f"--rate x --duration asks for 0 requests (rate {rate:g} x duration {duration:g} s); ask for at least 1")
+        raise UserError(
+            f"--rate x --duration asks for 0 requests (rate {rate:g} x duration {duration:g} s); ask for at least 1"
+        )
     return wanted
 
 
-def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, bos: int = 1, seed: int = 42,
-                arrivals: str = "timestamps", client_field: str | None = None, multi_turn: bool = False,
-                think_time: float = DEFAULT_THINK_TIME_S) -> tuple[list[RequestSpec], "BuildStats | MultiTurnStats"]:
+def build_trace(
+    path: str,
+    rate: float,
+    duration: float,
+    count_tokens: Counter,
+    bos: int = 1,
+    seed: int = 42,
+    arrivals: str = "timestamps",
+    client_field: str | None = None,
+    multi_turn: bool = False,
+    think_time: float = DEFAULT_THINK_TIME_S,
+) -> tuple[list[RequestSpec], "BuildStats | MultiTurnStats"]:
     """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations (traces/multi_turn.py)."""
     wanted = requested_count(rate, duration)
     raw = load_raw(path)
@@ -130,20 +143,42 @@ def build_trace(path: str, rate: float, duration: float, count_tokens: Counter, 
     rule = arrival_rule(path, raw, arrivals)
     times = record_times(path, raw) if rule == "timestamps" else None
     if multi_turn:
-        return build_multi_turn(path, raw, wanted, duration, times, count_tokens, bos, np.random.RandomState(seed), client_field, think_time, rule)
+        return build_multi_turn(
+            path,
+            raw,
+            wanted,
+            duration,
+            times,
+            count_tokens,
+            bos,
+            np.random.RandomState(seed),
+            client_field,
+            think_time,
+            rule,
+        )
     single = [c for c in chats(path, raw, client_field) if c is not None]
-    kept = [s for s in (_sized(c, count_tokens, bos) for c in single) if 0 < s.prompt_len < MAX_LEN and 0 < s.output_len < MAX_LEN]
+    kept = [
+        s
+        for s in (_sized(c, count_tokens, bos) for c in single)
+        if 0 < s.prompt_len < MAX_LEN and 0 < s.output_len < MAX_LEN
+    ]
     if not kept:
-        raise UserError(f"{path}: no single-turn conversation with both lengths under {MAX_LEN} tokens "
-                        f"({len(single)} single-turn of {len(raw)} records)")
+        raise UserError(
+            f"{path}: no single-turn conversation with both lengths under {MAX_LEN} tokens "
+            f"({len(single)} single-turn of {len(raw)} records)"
+        )
     rng = np.random.RandomState(seed)
     sample = [kept[i] for i in sorted(rng.choice(len(kept), size=min(wanted, len(kept)), replace=False))]
     records = _arrive(sample, times, duration, rng)
-    stats = BuildStats(len(raw), len(single), len(single) - len(kept), len(records), len({r.client for r in records}), wanted, rule)
+    stats = BuildStats(
+        len(raw), len(single), len(single) - len(kept), len(records), len({r.client for r in records}), wanted, rule
+    )
     return records, stats
 
 
-def _arrive(sample: list[Sized], times: list[float] | None, duration: float, rng: np.random.RandomState) -> list[RequestSpec]:
+def _arrive(
+    sample: list[Sized], times: list[float] | None, duration: float, rng: np.random.RandomState
+) -> list[RequestSpec]:
     """The sample (in record order) as requests in arrival order: by timestamps, or poisson when `times` is None."""
     if times is None:
         when = poisson_times(len(sample), duration, rng)
@@ -154,6 +189,10 @@ def _arrive(sample: list[Sized], times: list[float] | None, duration: float, rng
 
 
 def _sized(chat: Chat, count_tokens: Counter, bos: int) -> Sized:
-    prompt = chat.prompt_tokens if chat.prompt_tokens is not None else bos + count_tokens(chat.system) + count_tokens(chat.prompt)
+    prompt = (
+        chat.prompt_tokens
+        if chat.prompt_tokens is not None
+        else bos + count_tokens(chat.system) + count_tokens(chat.prompt)
+    )
     output = chat.output_tokens if chat.output_tokens is not None else count_tokens(chat.reply)
     return Sized(chat, prompt, output)

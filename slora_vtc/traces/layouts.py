@@ -9,8 +9,16 @@ from slora_vtc.errors import UserError
 from slora_vtc.traces.files import json_kind
 
 # a turn's speaker, in every layout's spelling -> user / assistant / system
-ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant",
-         "bard": "assistant", "bing": "assistant", "system": "system"}
+ROLES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)
@@ -28,8 +36,10 @@ LAYOUTS = (
     Layout("ShareGPT", (("model", "conversations"),), "from", "value", "sharegpt"),
     Layout("messages", (("model", "messages"),), "role", "content", "messages"),
 )
-EXPECTED_FIELDS = ("'conversation' (Chatbot Arena, lmsys-chat-1m), 'conversation_a' and 'conversation_b' (arena pairwise), "
-                   "'conversations' (ShareGPT) or 'messages' (OpenAI-style)")
+EXPECTED_FIELDS = (
+    "'conversation' (Chatbot Arena, lmsys-chat-1m), 'conversation_a' and 'conversation_b' (arena pairwise), "
+    "'conversations' (ShareGPT) or 'messages' (OpenAI-style)"
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,10 @@ class Conversation:
 
 def chats(path, records: list[dict], client_field: str | None = None) -> list[Chat | None]:
     """One entry per conversation (two for a pairwise record); None for one that is not single-turn."""
-    return [_chat(where, index, rec, client, turns) for where, index, rec, _, client, turns in _sides(path, records, client_field)]
+    return [
+        _chat(where, index, rec, client, turns)
+        for where, index, rec, _, client, turns in _sides(path, records, client_field)
+    ]
 
 
 def conversations(path, records: list[dict], client_field: str | None = None) -> list[Conversation | None]:
@@ -79,7 +92,14 @@ def _sides(path, records: list[dict], client_field: str | None):
         for n, (model_field, conversation_field) in enumerate(layout.sides):
             side = "ab"[n] if len(layout.sides) > 1 else ""
             client = _client(where, rec, layout, model_field, client_field)
-            yield where, index, rec, side, client, _turns(where, layout, conversation_field, rec.get(conversation_field))
+            yield (
+                where,
+                index,
+                rec,
+                side,
+                client,
+                _turns(where, layout, conversation_field, rec.get(conversation_field)),
+            )
 
 
 def detect_layout(where: str, rec: dict) -> Layout:
@@ -130,7 +150,15 @@ def _chat(where: str, index: int, rec: dict, client: str, turns: list[tuple[str,
     if exchange is None:
         return None
     system, prompt, reply = exchange
-    return Chat(index, client, prompt, reply, system, _given_count(where, rec, "prompt_tokens"), _given_count(where, rec, "output_tokens"))
+    return Chat(
+        index,
+        client,
+        prompt,
+        reply,
+        system,
+        _given_count(where, rec, "prompt_tokens"),
+        _given_count(where, rec, "output_tokens"),
+    )
 
 
 def single_exchange(turns: list[tuple[str, str]]) -> tuple[str, str, str] | None:
@@ -163,6 +191,11 @@ def _given_count(where: str, rec: dict, field: str) -> int | None:
     value = rec.get(field)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
         raise UserError(f"{where}: field '{field}' is not a whole number: {value!r}")
     return int(value)

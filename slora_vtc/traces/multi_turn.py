@@ -61,22 +61,46 @@ class MultiTurnStats:
     arrivals: str
 
 
-def build_multi_turn(path, raw: list[dict], wanted: int, duration: float, times: list[float] | None, count_tokens: Counter,
-                     bos: int, rng: np.random.RandomState, client_field: str | None, think_time: float,
-                     rule: str) -> tuple[list[RequestSpec], MultiTurnStats]:
+def build_multi_turn(
+    path,
+    raw: list[dict],
+    wanted: int,
+    duration: float,
+    times: list[float] | None,
+    count_tokens: Counter,
+    bos: int,
+    rng: np.random.RandomState,
+    client_field: str | None,
+    think_time: float,
+    rule: str,
+) -> tuple[list[RequestSpec], MultiTurnStats]:
     if not think_time >= 0:
         raise UserError(f"--think-time must be a number of seconds >= 0, got {think_time}")
     convs = [c for c in conversations(path, raw, client_field) if c is not None]
     all_turns = [conversation_turns(c, count_tokens, bos) for c in convs]
-    kept = [(c, [t for t in turns if 0 < t.prompt_len < MAX_LEN and 0 < t.output_len < MAX_LEN]) for c, turns in zip(convs, all_turns)]
+    kept = [
+        (c, [t for t in turns if 0 < t.prompt_len < MAX_LEN and 0 < t.output_len < MAX_LEN])
+        for c, turns in zip(convs, all_turns)
+    ]
     kept = [(c, turns) for c, turns in kept if turns]
     if not kept:
-        raise UserError(f"{path}: no conversation turn with both lengths under {MAX_LEN} tokens ({len(convs)} conversations of {len(raw)} records)")
+        raise UserError(
+            f"{path}: no conversation turn with both lengths under {MAX_LEN} tokens ({len(convs)} conversations of {len(raw)} records)"
+        )
     drawn = _draw(kept, wanted, rng)
     specs = _arrive(drawn, times, duration, rng, think_time)
     total = sum(len(t) for t in all_turns)
-    stats = MultiTurnStats(len(raw), len(convs), total, total - sum(len(t) for _, t in kept), len(specs), len(drawn),
-                           len({s.client for s in specs}), wanted, rule)
+    stats = MultiTurnStats(
+        len(raw),
+        len(convs),
+        total,
+        total - sum(len(t) for _, t in kept),
+        len(specs),
+        len(drawn),
+        len({s.client for s in specs}),
+        wanted,
+        rule,
+    )
     return specs, stats
 
 
@@ -92,24 +116,31 @@ def conversation_turns(conv: Conversation, count_tokens: Counter, bos: int) -> l
     return turns
 
 
-def _draw(kept: list[tuple[Conversation, list[Turn]]], wanted: int, rng: np.random.RandomState) -> list[tuple[Conversation, list[Turn]]]:
+def _draw(
+    kept: list[tuple[Conversation, list[Turn]]], wanted: int, rng: np.random.RandomState
+) -> list[tuple[Conversation, list[Turn]]]:
     """Whole conversations in a random order until `wanted` turns (the last one cut), back in record order."""
     drawn, count = [], 0
     for i in rng.permutation(len(kept)):
         if count >= wanted:
             break
         conv, turns = kept[i]
-        drawn.append((i, conv, turns[:wanted - count]))
+        drawn.append((i, conv, turns[: wanted - count]))
         count += len(drawn[-1][2])
     return [(conv, turns) for _, conv, turns in sorted(drawn, key=lambda d: d[0])]
 
 
-def _arrive(drawn, times: list[float] | None, duration: float, rng: np.random.RandomState, think_time: float) -> list[RequestSpec]:
+def _arrive(
+    drawn, times: list[float] | None, duration: float, rng: np.random.RandomState, think_time: float
+) -> list[RequestSpec]:
     if times is None:
         starts = poisson_times(len(drawn), duration, rng)
     else:
         drawn = sorted(drawn, key=lambda d: times[d[0].record])  # stable: ties keep record order
         starts = rescaled([times[conv.record] for conv, _ in drawn], duration)
-    specs = [RequestSpec(conv.client, t.prompt_len, t.output_len, start + k * think_time, t.segments)
-             for (conv, turns), start in zip(drawn, starts) for k, t in enumerate(turns)]
+    specs = [
+        RequestSpec(conv.client, t.prompt_len, t.output_len, start + k * think_time, t.segments)
+        for (conv, turns), start in zip(drawn, starts)
+        for k, t in enumerate(turns)
+    ]
     return sorted(specs, key=lambda s: s.arrival)

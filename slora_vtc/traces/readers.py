@@ -22,7 +22,15 @@ from slora_vtc.errors import UserError
 from slora_vtc.results import client_sort_key
 from slora_vtc.segments import Segments, format_segments, parse_segments
 from slora_vtc.traces.artifact_pickle import load_artifact_pickle
-from slora_vtc.traces.files import decode_text, inner_suffix, is_parquet, is_pickle, json_lines, parquet_rows, read_input
+from slora_vtc.traces.files import (
+    decode_text,
+    inner_suffix,
+    is_parquet,
+    is_pickle,
+    json_lines,
+    parquet_rows,
+    read_input,
+)
 from slora_vtc.workload import RequestSpec, Workload
 
 FIELDS = ("client", "prompt_len", "output_len", "req_time")
@@ -66,7 +74,9 @@ def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[RequestS
         where = f"{path}:{lineno}" if lineno is not None else f"{path}: request {index}"
         record = _record(where, row)
         if records and record.arrival < records[-1].arrival:
-            raise UserError(f"{where}: field 'req_time' goes back in time ({record.arrival} after {records[-1].arrival}); sort the trace by req_time")
+            raise UserError(
+                f"{where}: field 'req_time' goes back in time ({record.arrival} after {records[-1].arrival}); sort the trace by req_time"
+            )
         records.append(record)
     if not records:
         raise UserError(f"{path}: the trace has no requests")
@@ -90,7 +100,9 @@ def _record(where: str, row) -> RequestSpec:
         raise UserError(f"{where}: field 'req_time' is not a number: {row['req_time']!r}") from None
     if not math.isfinite(req_time) or req_time < 0:
         raise UserError(f"{where}: field 'req_time' must be a finite time >= 0, got {req_time}")
-    return RequestSpec(str(row["client"]), prompt_len, output_len, req_time, _segments(where, row.get("segments"), prompt_len))
+    return RequestSpec(
+        str(row["client"]), prompt_len, output_len, req_time, _segments(where, row.get("segments"), prompt_len)
+    )
 
 
 def _segments(where: str, value, prompt_len: int) -> Segments:
@@ -147,7 +159,12 @@ def _write(records: list[RequestSpec], path: Path) -> None:
 
 
 def _row(spec: RequestSpec, fields: tuple[str, ...], as_text: bool) -> dict:
-    row = {"client": spec.client, "prompt_len": spec.prompt_len, "output_len": spec.output_len, "req_time": spec.arrival}
+    row = {
+        "client": spec.client,
+        "prompt_len": spec.prompt_len,
+        "output_len": spec.output_len,
+        "req_time": spec.arrival,
+    }
     if "segments" in fields:
         row["segments"] = _segments_text(spec.segments) if as_text else [list(pair) for pair in spec.segments]
     return row

@@ -66,7 +66,11 @@ class Gateway:
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
-            busy = m["slora_gateway_waiting"] + sum(v for k, v in m.items() if k.startswith(("slora_gateway_upstream_inflight", "slora_gateway_client_inflight")))
+            busy = m["slora_gateway_waiting"] + sum(
+                v
+                for k, v in m.items()
+                if k.startswith(("slora_gateway_upstream_inflight", "slora_gateway_client_inflight"))
+            )
             if not busy:
                 return m
             if time.monotonic() > deadline:
@@ -90,8 +94,16 @@ class FakeUpstream:
     error event, then [DONE], as vLLM and `serve` send), "cut" (the connection drops) or "end"
     (it ends without [DONE])."""
 
-    def __init__(self, hold_after: int | None = None, hang: bool = False, prompt_tokens: int = 7, vllm_metrics: bool = False,
-                 output_tokens: int | None = None, break_after: int | None = None, breaks: str = "event"):
+    def __init__(
+        self,
+        hold_after: int | None = None,
+        hang: bool = False,
+        prompt_tokens: int = 7,
+        vllm_metrics: bool = False,
+        output_tokens: int | None = None,
+        break_after: int | None = None,
+        breaks: str = "event",
+    ):
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.vllm_metrics = vllm_metrics
@@ -119,10 +131,13 @@ class FakeUpstream:
         @app.get("/metrics")
         async def metrics():
             from fastapi.responses import PlainTextResponse
+
             if not self.vllm_metrics:
                 return PlainTextResponse("# TYPE other_metric gauge\nother_metric 1.0\n")
-            return PlainTextResponse(f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="fake"}} {self.queued}\n'
-                                     f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="fake"}} 0.0\n')
+            return PlainTextResponse(
+                f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="fake"}} {self.queued}\n'
+                f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="fake"}} 0.0\n'
+            )
 
         @app.post("/v1/completions")
         async def completions(request: Request):
@@ -132,12 +147,22 @@ class FakeUpstream:
             if self.hang:
                 await asyncio.sleep(3600)
             n = self.output_tokens or body.get("max_tokens", 16)
-            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+            usage = {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n,
+            }
             if not body.get("stream"):
                 while self.hold_after is not None and not self.release.is_set():
                     await asyncio.sleep(0.005)
-                return {"id": "c", "object": "text_completion", "created": 0, "model": "fake",
-                        "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}], "usage": usage}
+                return {
+                    "id": "c",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": "fake",
+                    "choices": [{"index": 0, "text": "x" * n, "logprobs": None, "finish_reason": "length"}],
+                    "usage": usage,
+                }
 
             async def chunks():
                 for i in range(n):
@@ -151,7 +176,12 @@ class FakeUpstream:
                     if self.hold_after is not None and i == self.hold_after:
                         while not self.release.is_set():
                             await asyncio.sleep(0.005)
-                    choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": "length" if i == n - 1 else None}
+                    choice = {
+                        "index": 0,
+                        "text": "x",
+                        "logprobs": None,
+                        "finish_reason": "length" if i == n - 1 else None,
+                    }
                     yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [choice]})}\n\n"
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [], 'usage': usage})}\n\n"

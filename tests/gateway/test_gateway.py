@@ -38,9 +38,14 @@ def test_completions_and_chat_through_the_gateway_equal_the_upstream_s_own(gw, u
     a, b = direct.completions.create(**args), through.completions.create(**args)
     assert b.choices[0].text == a.choices[0].text and b.usage == a.usage
     messages = [{"role": "user", "content": "Hi"}]
-    whole = through.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
-    chunks = list(through.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True,
-                                                  extra_body={"ignore_eos": True}))
+    whole = through.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(
+        through.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert whole.usage.completion_tokens == 5
     assert gw.wait_idle()['slora_gateway_client_service{client="alice"}'] > 0
@@ -66,28 +71,39 @@ def test_models_merge_the_upstreams_and_health_names_them(gw, upstreams):
 def test_an_upstream_s_400_passes_through_and_nothing_stays_charged(gw):
     before = gw.wait_idle()
     r = httpx2.post(f"{gw.url}/v1/completions", json={"prompt": "x", "suffix": "z"}, headers={"X-Client-Id": "refused"})
-    assert r.status_code == 400 and "'suffix' is not supported" in r.json()["error"]["message"]  # the upstream's own answer
+    assert (
+        r.status_code == 400 and "'suffix' is not supported" in r.json()["error"]["message"]
+    )  # the upstream's own answer
     after = gw.wait_idle()
     assert after['slora_gateway_client_service{client="refused"}'] == 0
-    assert after['slora_gateway_client_counter{client="refused"}'] == before.get('slora_gateway_client_counter{client="refused"}', after['slora_gateway_client_counter{client="refused"}'])
+    assert after['slora_gateway_client_counter{client="refused"}'] == before.get(
+        'slora_gateway_client_counter{client="refused"}', after['slora_gateway_client_counter{client="refused"}']
+    )
     assert after['slora_gateway_requests_total{client="refused",outcome="rejected"}'] == 1
     with pytest.raises(BadRequestError):
         openai_client(gw.url).completions.create(model="tiny", prompt="x", max_tokens=2, suffix="z")
 
 
-@pytest.mark.parametrize("raw, message", [
-    (b"{not json", "the body is not valid JSON"),
-    (b"[1, 2]", "the body must be a JSON object"),
-    (b'{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
-    (b'{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
-    (b'{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
-    (b'{"prompt": "x", "user": 5}', "user: Input should be a valid string"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"{not json", "the body is not valid JSON"),
+        (b"[1, 2]", "the body must be a JSON object"),
+        (b'{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
+        (b'{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
+        (b'{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
+        (b'{"prompt": "x", "user": 5}', "user: Input should be a valid string"),
+    ],
+)
 def test_bad_bodies_get_a_400_in_openai_s_shape(gw, raw, message):
     r = httpx2.post(f"{gw.url}/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400
     error = r.json()["error"]
-    assert message in error["message"] and error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+    assert (
+        message in error["message"]
+        and error["type"] == "invalid_request_error"
+        and set(error) == {"message", "type", "param", "code"}
+    )
 
 
 def test_unknown_paths_methods_and_large_bodies_answer_in_openai_s_shape(gw):
@@ -99,11 +115,15 @@ def test_unknown_paths_methods_and_large_bodies_answer_in_openai_s_shape(gw):
 
 
 def test_s_lora_generate_and_bench_http_work_through_the_gateway(gw, tmp_path):
-    r = httpx2.post(f"{gw.url}/generate", json={"inputs": [3] * 5, "parameters": {"max_new_tokens": 3, "ignore_eos": True}})
+    r = httpx2.post(
+        f"{gw.url}/generate", json={"inputs": [3] * 5, "parameters": {"max_new_tokens": 3, "ignore_eos": True}}
+    )
     assert r.status_code == 200 and r.json()["count_output_tokens"] == 3
     rows = [("alice", 4, 3, 0.0), ("bob", 6, 2, 0.01), ("alice", 5, 4, 0.02), ("carol", 3, 3, 0.03)]
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), row))) + "\n" for row in rows))
+    trace.write_text(
+        "".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), row))) + "\n" for row in rows)
+    )
     out = tmp_path / "result.jsonl"
     assert main(["bench-http", str(trace), "--url", gw.url, "--out", str(out)]) == 0
     responses = read_results(out)[0].responses
@@ -115,19 +135,25 @@ def test_s_lora_generate_and_bench_http_work_through_the_gateway(gw, tmp_path):
 def test_a_client_that_leaves_while_queued_or_mid_stream_is_accounted_as_aborted():
     fake = FakeUpstream(hold_after=2)
     with fake_upstream(fake) as url, gateway(url, scheduler="vtc", max_inflight=1) as g:
+
         async def scenario():
             async with httpx2.AsyncClient(timeout=10) as http:
                 body = {"prompt": "x", "max_tokens": 6, "stream": True}
-                async with http.stream("POST", f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "gone"}) as s:
+                async with http.stream(
+                    "POST", f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "gone"}
+                ) as s:
                     lines = s.aiter_lines()
                     while not (await lines.__anext__()).startswith("data:"):
                         pass
-                    queued = asyncio.create_task(http.post(f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "queued"}))
+                    queued = asyncio.create_task(
+                        http.post(f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "queued"})
+                    )
                     while g.per("client_waiting").get("queued") != 1:
                         await asyncio.sleep(0.01)
                     queued.cancel()
                     while g.per("client_waiting").get("queued", 0) != 0:
                         await asyncio.sleep(0.01)
+
         asyncio.run(scenario())
         m = g.wait_idle()
     assert m['slora_gateway_requests_total{client="gone",outcome="aborted"}'] == 1
@@ -138,7 +164,13 @@ def test_a_client_that_leaves_while_queued_or_mid_stream_is_accounted_as_aborted
 def test_a_stream_is_charged_while_it_runs_and_bodies_pass_through_untouched():
     fake = FakeUpstream(hold_after=5, prompt_tokens=7)
     with fake_upstream(fake) as url, gateway(url, scheduler="lcf", max_inflight=4) as g:
-        body = {"prompt": "abcd" * 3, "max_tokens": 20, "stream": True, "logit_bias": {"5": 1}, "vendor_field": [1, {"a": None}]}
+        body = {
+            "prompt": "abcd" * 3,
+            "max_tokens": 20,
+            "stream": True,
+            "logit_bias": {"5": 1},
+            "vendor_field": [1, {"a": None}],
+        }
         with httpx2.stream("POST", f"{g.url}/v1/completions", json=body, headers={"X-Client-Id": "long"}) as s:
             lines, seen = s.iter_lines(), 0
             while seen < 5:
@@ -146,7 +178,9 @@ def test_a_stream_is_charged_while_it_runs_and_bodies_pass_through_untouched():
             # the fifth chunk is charged as it passes (the prompt estimated: 12 bytes, 3 tokens)
             wait_for(lambda: g.per("client_counter").get("long", 0) >= 3 + 2 * 4)
             running = g.metrics()
-            assert running['slora_gateway_client_counter{client="long"}'] == 3 + 2 * 4  # h(3, 0), then 2 per token after the first
+            assert (
+                running['slora_gateway_client_counter{client="long"}'] == 3 + 2 * 4
+            )  # h(3, 0), then 2 per token after the first
             assert running['slora_gateway_client_inflight{client="long"}'] == 1
             fake.release.set()
             rest = list(lines)
@@ -176,9 +210,12 @@ def test_the_budget_adapts_to_an_upstream_that_exposes_vllm_s_queue_and_is_fixed
                 body = {"prompt": "x", "max_tokens": 3, "stream": True}
                 tasks = [asyncio.create_task(http.post(f"{g.url}/v1/completions", json=body)) for _ in range(4)]
                 # one more slot per probe while all are used and nothing queues upstream: 4 in flight, then 5 slots
-                await asyncio.to_thread(wait_for, lambda: limits()[url] == 5 and g.per("upstream_inflight", "upstream")[url] == 4)
+                await asyncio.to_thread(
+                    wait_for, lambda: limits()[url] == 5 and g.per("upstream_inflight", "upstream")[url] == 4
+                )
                 vllm.release.set()
                 assert all(r.status_code == 200 for r in await asyncio.gather(*tasks))
+
         asyncio.run(held_streams())
         assert limits()[url] == 5 and g.wait_idle()["slora_gateway_waiting"] == 0
 
@@ -192,10 +229,21 @@ def test_clients_file_keys_weights_and_rate_limits(tmp_path):
         assert httpx2.post(f"{g.url}/v1/completions", json=body).status_code == 401
         r = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-nope"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-        ok = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-a", "X-Client-Id": "bob"})
-        assert ok.status_code == 200 and fake.bodies[-1] == {**body, "stream": True, "stream_options": {"include_usage": True}}  # sent as a stream
-        assert "authorization" not in fake.headers[-1] and fake.headers[-1]["x-client-id"] == "alice"  # the key stays here
-        assert httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"}).status_code == 200
+        ok = httpx2.post(
+            f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-a", "X-Client-Id": "bob"}
+        )
+        assert ok.status_code == 200 and fake.bodies[-1] == {
+            **body,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }  # sent as a stream
+        assert (
+            "authorization" not in fake.headers[-1] and fake.headers[-1]["x-client-id"] == "alice"
+        )  # the key stays here
+        assert (
+            httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"}).status_code
+            == 200
+        )
         limited = httpx2.post(f"{g.url}/v1/completions", json=body, headers={"Authorization": "Bearer sk-b"})
         assert limited.status_code == 429 and limited.headers["retry-after"] == "1"
         m = g.wait_idle()
@@ -210,7 +258,10 @@ def test_model_lookup_tokenize_and_version_pass_through_unscheduled(gw, upstream
     with pytest.raises(NotFoundError):
         client.models.retrieve("no-such-model")
     body = {"model": "tiny", "prompt": "Hello"}
-    assert httpx2.post(f"{gw.url}/tokenize", json=body).json() == httpx2.post(f"{upstreams[0].url}/tokenize", json=body).json()
+    assert (
+        httpx2.post(f"{gw.url}/tokenize", json=body).json()
+        == httpx2.post(f"{upstreams[0].url}/tokenize", json=body).json()
+    )
     assert httpx2.get(f"{gw.url}/version").json() == httpx2.get(f"{upstreams[0].url}/version").json()
     assert gw.wait_idle()["slora_gateway_waiting"] == 0
 
@@ -219,7 +270,9 @@ def test_metrics_behind_a_key():
     with fake_upstream(FakeUpstream()) as url, gateway(url, metrics_key="secret") as g:
         refused = httpx2.get(f"{g.url}/metrics")
         assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
-        assert "slora_gateway_waiting" in httpx2.get(f"{g.url}/metrics", headers={"Authorization": "Bearer secret"}).text
+        assert (
+            "slora_gateway_waiting" in httpx2.get(f"{g.url}/metrics", headers={"Authorization": "Bearer secret"}).text
+        )
 
 
 def test_the_upstream_key_is_sent_and_a_client_s_own_key_passes_through_without_one():

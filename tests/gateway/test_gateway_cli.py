@@ -14,15 +14,21 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens there once it is closed
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--upstream", "localhost:8000"], "--upstream 'localhost:8000' is not an http:// or https:// URL"),
-    (["--upstream", "http://127.0.0.1:1", "--upstream", "http://127.0.0.1:1/v1"], "the same --upstream is given twice"),
-    (["--upstream", "http://127.0.0.1:1", "--scheduler", "lpm"], "scheduler 'lpm' needs prompt token ids"),
-    (["--upstream", "http://127.0.0.1:1", "--scheduler", "dlpm:50"], "scheduler 'dlpm:50' needs prompt token ids"),
-    (["--upstream", "http://127.0.0.1:1", "--scheduler", "nope"], "scheduler"),
-    (["--upstream", "http://127.0.0.1:1", "--max-inflight", "0"], "--max-inflight must be positive"),
-    (["--upstream", "http://127.0.0.1:1", "--clients", "/no/such/clients.toml"], "cannot read clients file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--upstream", "localhost:8000"], "--upstream 'localhost:8000' is not an http:// or https:// URL"),
+        (
+            ["--upstream", "http://127.0.0.1:1", "--upstream", "http://127.0.0.1:1/v1"],
+            "the same --upstream is given twice",
+        ),
+        (["--upstream", "http://127.0.0.1:1", "--scheduler", "lpm"], "scheduler 'lpm' needs prompt token ids"),
+        (["--upstream", "http://127.0.0.1:1", "--scheduler", "dlpm:50"], "scheduler 'dlpm:50' needs prompt token ids"),
+        (["--upstream", "http://127.0.0.1:1", "--scheduler", "nope"], "scheduler"),
+        (["--upstream", "http://127.0.0.1:1", "--max-inflight", "0"], "--max-inflight must be positive"),
+        (["--upstream", "http://127.0.0.1:1", "--clients", "/no/such/clients.toml"], "cannot read clients file"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(capsys, args, message):
     assert main(["gateway", *args]) == 2
     err = capsys.readouterr().err

@@ -58,6 +58,7 @@ def test_each_token_count_scheduler_dispatches_within_the_slots_and_balances(spe
         assert outcomes == {"finished": 7, "failed": 3}
         assert all(s.inflight == 0 for s in d.stats.values())
         assert sum(s.service for s in d.stats.values()) == 7 * (8 + 2 * 4)  # failed requests count nothing
+
     run(scenario)
 
 
@@ -76,6 +77,7 @@ def test_tokens_are_charged_as_they_arrive_and_usage_corrects_the_estimate():
         assert d.stats["a"].service == 14 + 2 * 5
         d.finish(t)
         assert d.counters.counter("a") == 22 and d.pool.inflight == 0
+
     run(scenario)
 
 
@@ -91,6 +93,7 @@ def test_a_failed_request_is_refunded_everything_a_client_that_leaves_keeps_its_
         d.abort(gone)
         assert d.counters.counter("a") == 10 + 2 * 2 and d.stats["a"].service == 10 + 2 * 3
         assert d.stats["a"].outcomes == {"failed": 1, "aborted": 1}
+
     run(scenario)
 
 
@@ -102,6 +105,7 @@ def test_a_predicting_vtc_is_refunded_its_prediction_when_the_request_fails():
         d.on_tokens(t, 2)
         d.fail(t)
         assert d.counters.counter("a") == 0
+
     run(scenario)
 
 
@@ -114,6 +118,7 @@ def test_waiting_requests_leave_the_queue_when_the_client_leaves():
         assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0
         d.finish(first)
         assert not second.slot.done() and d.pool.inflight == 0
+
     run(scenario)
 
 
@@ -124,17 +129,24 @@ def test_a_full_queue_and_a_rate_limit_are_refused_with_a_status():
         with pytest.raises(Busy) as full:
             d.submit("a", 4, 4)
         assert full.value.status == 503 and d.stats["a"].outcomes["rejected"] == 1
-        limited = Dispatcher(scheduler_for("vtc", Clients(default=ClientConfig("", rpm=1))), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 10)
+        limited = Dispatcher(
+            scheduler_for("vtc", Clients(default=ClientConfig("", rpm=1))),
+            UpstreamPool([Upstream("http://u", 1)]),
+            LinearCost(),
+            10,
+        )
         limited.submit("a", 4, 4)
         with pytest.raises(Busy) as rate:
             limited.submit("a", 4, 4)
         assert rate.value.status == 429 and limited.stats["a"].outcomes["rejected"] == 1
+
     run(scenario)
 
 
 def test_past_max_waiting_only_a_client_under_its_share_is_taken():
     """max_waiting 2, one slot: a's first runs, its next two wait (the bound). b holds 0 < 2 / 2: taken;
     then 3 wait, below twice the bound, but a holds 2 >= 2 / 2 and b 1 >= 1: both refused."""
+
     async def scenario():
         d = dispatcher("fcfs", max_waiting=2)
         for _ in range(3):
@@ -144,6 +156,7 @@ def test_past_max_waiting_only_a_client_under_its_share_is_taken():
             with pytest.raises(Busy):
                 d.submit(client, 4, 4)
         assert d.num_waiting == 3 and {c: d.stats[c].outcomes["rejected"] for c in "ab"} == {"a": 1, "b": 1}
+
     run(scenario)
 
 
@@ -159,6 +172,7 @@ def test_when_every_upstream_is_down_waiting_requests_end_with_503():
             d.submit("a", 4, 4)
         d.fail(running)
         assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
+
     run(scenario)
 
 
@@ -206,7 +220,9 @@ def test_schedulers_needing_prefixes_are_refused_in_one_line():
 def clocked_vtc() -> tuple[Dispatcher, list[float]]:
     """A VTC dispatcher with one slot and a clock the test sets (clock[0])."""
     clock = [0.0]
-    return Dispatcher(build_scheduler("vtc", []), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 100, clock=lambda: clock[0]), clock
+    return Dispatcher(
+        build_scheduler("vtc", []), UpstreamPool([Upstream("http://u", 1)]), LinearCost(), 100, clock=lambda: clock[0]
+    ), clock
 
 
 def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
@@ -231,6 +247,7 @@ def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
         clock[0] = 30.0
         d.expire(10.0)
         assert d.stats == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
+
     run(scenario)
 
 
@@ -238,6 +255,7 @@ def test_a_client_whose_charge_was_corrected_is_still_forgotten():
     """usage corrects a's prompt estimate (4 -> 6 tokens) with VTC.adjust, which leaves forgetting exact
     while it only raises counters: once a has left the queue at counter 6 + 2 * 1 = 8 and b waits at
     that floor, a's counter goes with it (the lift gives it back)."""
+
     async def scenario():
         d, clock = clocked_vtc()
         t = d.submit("a", 4, 4)
@@ -250,4 +268,5 @@ def test_a_client_whose_charge_was_corrected_is_still_forgotten():
         clock[0] = 20.0
         d.expire(10.0)
         assert "a" not in d.scheduler.counters() and "a" not in d.scheduler._kept
+
     run(scenario)

@@ -35,8 +35,14 @@ def upstreams():
 
 
 async def _stream(http: httpx2.AsyncClient, url: str, client: str) -> tuple[float, int]:
-    body = {"prompt": [3] * PROMPT, "max_tokens": OUTPUT, "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": [3] * PROMPT,
+        "max_tokens": OUTPUT,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     usage = None
     async with http.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": client}) as reply:
         assert reply.status_code == 200
@@ -46,7 +52,9 @@ async def _stream(http: httpx2.AsyncClient, url: str, client: str) -> tuple[floa
     return time.monotonic(), usage["prompt_tokens"] + 2 * usage["completion_tokens"]
 
 
-async def _flood(url: str, in_flight: dict[str, int] = IN_FLIGHT, requests: int = REQUESTS) -> dict[str, list[tuple[float, int]]]:
+async def _flood(
+    url: str, in_flight: dict[str, int] = IN_FLIGHT, requests: int = REQUESTS
+) -> dict[str, list[tuple[float, int]]]:
     done: dict[str, list[tuple[float, int]]] = {c: [] for c in in_flight}
 
     async def worker(http, client):

@@ -11,16 +11,19 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from slora_vtc.model.torch_ops import TorchOps  # noqa: E402
 from slora_vtc_kernels import ops  # noqa: E402
 from slora_vtc_kernels import reference as ref  # noqa: E402
 from slora_vtc_kernels._launch import interpreted  # noqa: E402
 from slora_vtc_kernels.extend_attention import _extend_kernel  # noqa: E402
 
-from slora_vtc.model.torch_ops import TorchOps  # noqa: E402
-
 triton_ops = ops("triton")
 DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(_extend_kernel), reason="compiled Triton kernels need CUDA tensors")),
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(not interpreted(_extend_kernel), reason="compiled Triton kernels need CUDA tensors"),
+    ),
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -47,8 +50,14 @@ def extend_case(cases, q_heads, kv_heads, head_dim=16, dtype=torch.float32, devi
     cu = torch.tensor([0, *new]).cumsum(0)
     cached = torch.tensor([c for c, _ in cases])
     to = dict(device=device)
-    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), cu.to(**to), table.to(**to),
-            cached.to(**to))
+    return (
+        q.to(dtype=dtype, **to),
+        k_cache.to(dtype=dtype, **to),
+        v_cache.to(dtype=dtype, **to),
+        cu.to(**to),
+        table.to(**to),
+        cached.to(**to),
+    )
 
 
 def test_reference_is_the_tail_of_causal_attention_over_the_whole_context():
@@ -58,7 +67,9 @@ def test_reference_is_the_tail_of_causal_attention_over_the_whole_context():
     gen = torch.Generator().manual_seed(1)
     for b, (c, n) in enumerate(CASES):
         slots = table[b, : c + n]
-        q_full = torch.cat([torch.randn(c, 6, 16, generator=gen), q[cu[b] : cu[b + 1]]])  # the prefix's own queries are irrelevant
+        q_full = torch.cat(
+            [torch.randn(c, 6, 16, generator=gen), q[cu[b] : cu[b + 1]]]
+        )  # the prefix's own queries are irrelevant
         full = ref.prefill_attention(q_full, k_cache[slots], v_cache[slots], torch.tensor([0, c + n]), 0.3)
         torch.testing.assert_close(out[cu[b] : cu[b + 1]], full[c:])
 
@@ -68,7 +79,9 @@ def test_reference_by_hand_on_one_query():
     q = torch.tensor([[[1.0, 0.0]]])  # [1 token, 1 head, D=2]
     k_cache = torch.tensor([[[0.0, 0.0]], [[2.0, 0.0]], [[1.0, 5.0]], [[9.0, 9.0]]])  # slot 3 is not in the context
     v_cache = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[1.0, 1.0]], [[50.0, 50.0]]])
-    out = ref.extend_attention(q, k_cache, v_cache, torch.tensor([0, 1]), torch.tensor([[0, 1, 2, 3]]), torch.tensor([2]), 1.0)
+    out = ref.extend_attention(
+        q, k_cache, v_cache, torch.tensor([0, 1]), torch.tensor([[0, 1, 2, 3]]), torch.tensor([2]), 1.0
+    )
     w = torch.tensor([0.0, 2.0, 1.0]).softmax(0)  # scores q . k for slots 0, 1, 2
     torch.testing.assert_close(out[0, 0], torch.stack([w[0] + w[2], w[1] + w[2]]))
 
@@ -81,7 +94,9 @@ def test_torch_ops_match_the_reference(heads):
 
 
 def close(actual, expected, dtype):
-    torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(
+        actual.float().cpu(), expected.float().cpu(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -100,7 +115,9 @@ def test_triton_without_a_cached_prefix_is_prefill(device):
     lengths = [7, 20]
     q, k_cache, v_cache, cu, _, _ = extend_case([(0, n) for n in lengths], 4, 2, device=device)
     table = torch.stack([torch.arange(20), torch.arange(7, 27)]).to(device)
-    out = triton_ops.extend_attention(q, k_cache, v_cache, cu, table, torch.zeros(2, dtype=torch.int64, device=device), 0.25)
+    out = triton_ops.extend_attention(
+        q, k_cache, v_cache, cu, table, torch.zeros(2, dtype=torch.int64, device=device), 0.25
+    )
     close(out, triton_ops.prefill_attention(q, k_cache[:27], v_cache[:27], cu, 0.25), torch.float32)
 
 

@@ -15,6 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
 from slora_vtc_kernels import BACKENDS, OP_NAMES, ops  # noqa: E402
 from slora_vtc_kernels import reference as ref  # noqa: E402
 from slora_vtc_kernels._launch import interpreted  # noqa: E402
@@ -57,6 +58,7 @@ def _seed():
 
 # ---------------------------------------------------------------- the ops() entry point
 
+
 def test_ops_sets_have_every_op_with_matching_signatures():
     import inspect
 
@@ -79,13 +81,16 @@ def test_every_kernel_compiles_for_hopper_without_a_gpu():
 
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("this Triton build ships no ptxas")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {
+        "TRITON_DEFAULT_FP_FUSION": "1"
+    }
     command = [sys.executable, "-m", "slora_vtc_kernels.compile_check", "--arch", "90", "--dtypes", "fp16"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------- elementwise kernels
+
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,7 +116,9 @@ def test_rotary_embedding(device, dtype, scaled):
     positions = torch.tensor([0, 1, 2, 40, 41, 300, 1023], device=device)
     inv_freq = inverse_frequencies(head_dim) * (torch.linspace(0.1, 1.0, head_dim // 2) if scaled else 1.0)
     inv_freq = inv_freq.to(device)
-    for actual, expected in zip(triton_ops.rotary_embedding(q, k, positions, inv_freq), ref.rotary_embedding(q, k, positions, inv_freq)):
+    for actual, expected in zip(
+        triton_ops.rotary_embedding(q, k, positions, inv_freq), ref.rotary_embedding(q, k, positions, inv_freq)
+    ):
         assert actual.shape == expected.shape and actual.dtype == dtype
         close(actual, expected, dtype)
 
@@ -124,8 +131,12 @@ def test_rotary_reference_rotates_pairs_half_a_dimension_apart():
     torch.testing.assert_close(rotated.norm(dim=-1), q.norm(dim=-1))  # a rotation keeps norms
     angle = 5 * 10000.0 ** (-2 * 1 / 8)  # pair (1, 5) at position 5
     x1, x2 = q[2, 0, 1], q[2, 0, 5]
-    expected = torch.stack([x1 * torch.cos(torch.tensor(angle)) - x2 * torch.sin(torch.tensor(angle)),
-                            x2 * torch.cos(torch.tensor(angle)) + x1 * torch.sin(torch.tensor(angle))])
+    expected = torch.stack(
+        [
+            x1 * torch.cos(torch.tensor(angle)) - x2 * torch.sin(torch.tensor(angle)),
+            x2 * torch.cos(torch.tensor(angle)) + x1 * torch.sin(torch.tensor(angle)),
+        ]
+    )
     torch.testing.assert_close(rotated[2, 0, [1, 5]], expected)
 
 
@@ -153,20 +164,27 @@ def test_kv_scatter_writes_only_the_given_slots(device, dtype):
 
 # ---------------------------------------------------------------- attention
 
+
 def sdpa_per_request(q, k, v, cu_seqlens, scale):
     """Naive truth: torch's causal scaled_dot_product_attention on each request separately."""
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q, dtype=torch.float32)
     for b in range(len(cu_seqlens) - 1):
         s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
-        qs, ks, vs = (t[s:e].float().transpose(0, 1) for t in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+        qs, ks, vs = (
+            t[s:e].float().transpose(0, 1) for t in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        )
         out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
     return out
 
 
 def test_prefill_reference_matches_sdpa_per_request():
     lengths, (q_heads, kv_heads), head_dim = [1, 6, 13], (6, 2), 16
-    q, k, v = rand(sum(lengths), q_heads, head_dim), rand(sum(lengths), kv_heads, head_dim), rand(sum(lengths), kv_heads, head_dim)
+    q, k, v = (
+        rand(sum(lengths), q_heads, head_dim),
+        rand(sum(lengths), kv_heads, head_dim),
+        rand(sum(lengths), kv_heads, head_dim),
+    )
     cu = cu_seqlens_of(lengths, "cpu")
     torch.testing.assert_close(ref.prefill_attention(q, k, v, cu, 0.25), sdpa_per_request(q, k, v, cu, 0.25))
 
@@ -178,9 +196,12 @@ def test_prefill_attention(device, dtype, heads):
     lengths, head_dim = [1, 17, 33, 5], 16
     (q_heads, kv_heads), tokens = heads, sum(lengths)
     q = rand(tokens, q_heads, head_dim, dtype=dtype, device=device)
-    k, v = rand(tokens, kv_heads, head_dim, dtype=dtype, device=device), rand(tokens, kv_heads, head_dim, dtype=dtype, device=device)
+    k, v = (
+        rand(tokens, kv_heads, head_dim, dtype=dtype, device=device),
+        rand(tokens, kv_heads, head_dim, dtype=dtype, device=device),
+    )
     cu = cu_seqlens_of(lengths, device)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     expected = ref.prefill_attention(q, k, v, cu, scale)
     close(triton_ops.prefill_attention(q, k, v, cu, scale), expected, dtype)
     close(triton_ops.prefill_attention(q, k, v, cu, scale, max_seqlen=max(lengths)), expected, dtype)
@@ -234,7 +255,7 @@ def test_decode_reference_is_the_last_row_of_prefill():
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_decode_attention(device, dtype, heads, num_splits):
     q, k_cache, v_cache, slot_table, seq_lens = decode_case([1, 37, 64], *heads, 16, dtype, device)
-    scale = 16 ** -0.5
+    scale = 16**-0.5
     actual = triton_ops.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, scale, num_splits=num_splits)
     close(actual, ref.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, scale), dtype)
 
@@ -258,10 +279,15 @@ def test_decode_attention_int32_tables_strided_q_head_dim_32(device):
     q = torch.cat([q, q], dim=-1)[..., :32]  # strided rows
     slot_table, seq_lens = slot_table.to(torch.int32), seq_lens.to(torch.int32)
     expected = ref.decode_attention(q, k_cache, v_cache, slot_table.long(), seq_lens.long(), 0.2)
-    close(triton_ops.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, 0.2, num_splits=4), expected, torch.float16)
+    close(
+        triton_ops.decode_attention(q, k_cache, v_cache, slot_table, seq_lens, 0.2, num_splits=4),
+        expected,
+        torch.float16,
+    )
 
 
 # ---------------------------------------------------------------- LoRA in the pool
+
 
 class Adapters:
     """Random LoRA adapters of mixed ranks and targets, written into a pool exactly as reference.LoraRows
@@ -277,8 +303,14 @@ class Adapters:
         width = kv_heads * head_dim
         self.projections, self.ranks, self.device = projections, ranks, device
         self.per_row = {p: -(-max(dims) // width) for p, dims in projections.items()}
-        order = [[p for p in list(projections)[j % len(projections):] + list(projections)[: j % len(projections)] if r.get(p)]
-                 for j, r in enumerate(ranks)]
+        order = [
+            [
+                p
+                for p in list(projections)[j % len(projections) :] + list(projections)[: j % len(projections)]
+                if r.get(p)
+            ]
+            for j, r in enumerate(ranks)
+        ]
         lengths = [sum(r[p] * self.per_row[p] for p in names) for names, r in zip(order, ranks)]
         pool_slots = sum(lengths) + 7
         used = scattered_slots(pool_slots, sum(lengths) + 1, "cpu")
@@ -294,16 +326,23 @@ class Adapters:
                 self.starts[p][j] = start
                 start += ranks[j][p] * self.per_row[p]
         fill = (float("nan"), float("inf")) if nan_garbage else (None, None)
-        self.k_cache, self.v_cache = (rand(pool_slots, kv_heads, head_dim) if f is None else torch.full((pool_slots, kv_heads, head_dim), f)
-                                      for f in fill)
+        self.k_cache, self.v_cache = (
+            rand(pool_slots, kv_heads, head_dim) if f is None else torch.full((pool_slots, kv_heads, head_dim), f)
+            for f in fill
+        )
         self.a = [{p: rand(r, projections[p][0]) for p, r in adapter.items() if r} for adapter in ranks]  # A: [r, in]
-        self.b = [{p: rand(projections[p][1], r) * 0.5 for p, r in adapter.items() if r} for adapter in ranks]  # B: [out, r]
+        self.b = [
+            {p: rand(projections[p][1], r) * 0.5 for p, r in adapter.items() if r} for adapter in ranks
+        ]  # B: [out, r]
         for j in range(len(ranks)):
             for p, a in self.a[j].items():
                 for i in range(a.shape[0]):
                     self._write(self.k_cache, j, p, i, a[i])
                     self._write(self.v_cache, j, p, i, self.b[j][p][:, i])
-        self.k_cache, self.v_cache = self.k_cache.to(dtype=dtype, device=device), self.v_cache.to(dtype=dtype, device=device)
+        self.k_cache, self.v_cache = (
+            self.k_cache.to(dtype=dtype, device=device),
+            self.v_cache.to(dtype=dtype, device=device),
+        )
         self.scales = torch.tensor(scales, dtype=torch.float32)
 
     def _write(self, cache, adapter, proj, row, values):
@@ -319,8 +358,14 @@ class Adapters:
 
     def rows(self, proj: str) -> ref.LoraRows:
         ranks = torch.tensor([self.rank(j, proj) for j in range(len(self.ranks))])
-        return ref.LoraRows(slots=self.slots.to(self.device), starts=self.starts[proj].to(self.device), ranks=ranks.to(self.device),
-                            scales=self.scales.to(self.device), max_rank=int(ranks.max()), per_row=self.per_row[proj])
+        return ref.LoraRows(
+            slots=self.slots.to(self.device),
+            starts=self.starts[proj].to(self.device),
+            ranks=ranks.to(self.device),
+            scales=self.scales.to(self.device),
+            max_rank=int(ranks.max()),
+            per_row=self.per_row[proj],
+        )
 
     def naive(self, x, adapter_ids, proj):
         """(y, delta) per token in fp32 from the plain A and B: y = x @ A.T (zero past the rank), delta = scale * y @ B.T."""
@@ -341,7 +386,11 @@ LORA_SETUPS = [
     ({"q": (64, 64), "up": (64, 96), "down": (96, 64), "o": (64, 64)}, 1, 32),
     ({"q": (32, 32), "up": (32, 32), "down": (32, 32)}, 2, 16),
 ]
-LORA_RANKS = [{"q": 4, "up": 8, "down": 8}, {"q": 16, "down": 4}, {"q": 8, "up": 16}]  # ranks 4, 8, 16; some targets missing
+LORA_RANKS = [
+    {"q": 4, "up": 8, "down": 8},
+    {"q": 16, "down": 4},
+    {"q": 8, "up": 16},
+]  # ranks 4, 8, 16; some targets missing
 LORA_SCALES = [0.5, 2.0, 0.125]
 TOKEN_ADAPTERS = [2, -1, 0, 2, 1, -1, 1]
 
@@ -455,7 +504,10 @@ def test_lora_ignores_nan_and_inf_outside_the_adapters_rows(device):
         expected = torch.zeros(sum(lengths), out_dim, dtype=torch.float16, device=device)
         ref.lora_expand(expected_y, lora.v_cache, rows, ids, expected)
         assert torch.isfinite(expected).all()
-        for y in (triton_ops.lora_shrink(x, lora.k_cache, rows, ids), triton_ops.lora_shrink_segments(x, lora.k_cache, rows, cu, seg)):
+        for y in (
+            triton_ops.lora_shrink(x, lora.k_cache, rows, ids),
+            triton_ops.lora_shrink_segments(x, lora.k_cache, rows, cu, seg),
+        ):
             close(y, expected_y, torch.float16)
         per_token, segments = torch.zeros_like(expected), torch.zeros_like(expected)
         triton_ops.lora_expand(expected_y, lora.v_cache, rows, ids, per_token)

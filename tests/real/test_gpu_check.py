@@ -20,12 +20,22 @@ from slora_vtc.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["environment", "install", "kernel_bench", "model_bench", "kernel_tests", "profile", "run_vtc", "run_fcfs", "sim_from_profile"]
+STEPS = [
+    "environment",
+    "install",
+    "kernel_bench",
+    "model_bench",
+    "kernel_tests",
+    "profile",
+    "run_vtc",
+    "run_fcfs",
+    "sim_from_profile",
+]
 NOT_ON_THE_GPU_MACHINE = ("tqdm", "fastapi", "uvicorn", "prometheus_client", "openai", "httpx2", "pyarrow")
 
 # sitecustomize for the check's pythons: an installed copy of these packages does not import
 # (a stand-in the check writes itself, outside site-packages, still does)
-HIDE = f'''
+HIDE = f"""
 import importlib.machinery, sys
 
 HIDDEN = {set(NOT_ON_THE_GPU_MACHINE)!r}
@@ -42,7 +52,7 @@ class _Hide:
 
 
 sys.meta_path.insert(0, _Hide())
-'''
+"""
 
 
 def check_env(tmp_path: Path, **extra: str) -> dict:
@@ -50,7 +60,9 @@ def check_env(tmp_path: Path, **extra: str) -> dict:
     bare = tmp_path / "bare"
     bare.mkdir(exist_ok=True)
     (bare / "sitecustomize.py").write_text(HIDE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_") and k not in ("OUT", "TRITON_INTERPRET")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_") and k not in ("OUT", "TRITON_INTERPRET")
+    }
     pythonpath = os.pathsep.join(p for p in (str(bare), os.environ.get("PYTHONPATH", "")) if p)
     return {**env, "PYTHONPATH": pythonpath, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **extra}
 
@@ -90,7 +102,9 @@ def test_the_dry_run_leaves_at_most_8_files_at_most_two_folders_deep(dry_run):
     files = [p.relative_to(out) for p in out.rglob("*") if not p.is_dir()]
     assert 0 < len(files) <= 8, files
     assert all(len(f.parts) <= 3 for f in files), files  # at most two folders, then the file
-    assert {"summary.json", "summary.txt", "logs.txt", "profile.json", "run_vtc.jsonl", "run_fcfs.jsonl"} <= {str(f) for f in files}
+    assert {"summary.json", "summary.txt", "logs.txt", "profile.json", "run_vtc.jsonl", "run_fcfs.jsonl"} <= {
+        str(f) for f in files
+    }
     assert sorted(summary_of(out)["files"]) == sorted(str(f) for f in files)
 
 
@@ -135,7 +149,10 @@ def test_the_dry_run_needs_none_of_the_packages_the_gpu_machine_lacks(dry_run):
     assert summary["install"]["verified"] and summary["install"]["method"].startswith("PYTHONPATH=")
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or shutil.which("nvidia-smi") is not None, reason="checks the failure on a machine without a GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available() or shutil.which("nvidia-smi") is not None,
+    reason="checks the failure on a machine without a GPU",
+)
 def test_without_a_gpu_the_check_fails_loudly_and_quickly(tmp_path):
     out = tmp_path / "out"
     done, seconds = run_check(str(out), env=check_env(tmp_path), timeout=60)

@@ -20,13 +20,27 @@ from slora_vtc.model.weights import load_weights
 from slora_vtc.realrun import generate
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-            initializer_range=0.2)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    initializer_range=0.2,
+)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
 # original_max_position_embeddings 64 puts the 8 frequencies of a 16-wide head in all three llama3
 # bands: kept (wavelength < 16), blended (16..64) and divided by `factor` (> 64)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10_000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 5_000.0, "factor": 4.0}
 NEVER_GENERATED = 127  # an EOS id listed first, which these prompts' greedy outputs never reach (checked)
 
@@ -36,10 +50,21 @@ NEW_TOKENS = [9, 6, 12, 4]
 
 def build(family: str):
     """A random transformers model of `family`, in eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     if family == "llama3":
-        return LlamaForCausalLM(LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE, eos_token_id=[NEVER_GENERATED, 2], tie_word_embeddings=True))
+        return LlamaForCausalLM(
+            LlamaConfig(
+                **TINY, rope_parameters=LLAMA3_ROPE, eos_token_id=[NEVER_GENERATED, 2], tie_word_embeddings=True
+            )
+        )
     if family == "linear":
         return LlamaForCausalLM(LlamaConfig(**TINY, rope_parameters=LINEAR_ROPE))
     if family == "mistral":
@@ -75,7 +100,7 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(new):
         tokens.append(int(hf_logits(model, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def copy_folder(src: Path, dst: Path) -> Path:
@@ -123,7 +148,11 @@ def test_rotary_frequencies_are_transformers(models, family):
 def test_specs_read_the_families_fields(models):
     llama3, qwen2 = (resolve_spec(str(models[f][0])) for f in ("llama3", "qwen2"))
     assert llama3.eos_token_ids == (NEVER_GENERATED, 2) and llama3.tie_word_embeddings and not llama3.qkv_bias
-    assert (llama3.rope_scaling.kind, llama3.rope_scaling.factor, llama3.rope_scaling.original_max_position) == ("llama3", 8.0, 64)
+    assert (llama3.rope_scaling.kind, llama3.rope_scaling.factor, llama3.rope_scaling.original_max_position) == (
+        "llama3",
+        8.0,
+        64,
+    )
     assert qwen2.qkv_bias and qwen2.rope_scaling.kind == "default"
 
 
@@ -177,24 +206,65 @@ def truncate(folder: Path) -> None:
 
 BAD_FOLDERS = {
     "truncated": ("llama3", truncate, "model.safetensors: not a readable safetensors file"),
-    "string_size": ("llama3", lambda f: edit_config(f, hidden_size="64"), "'hidden_size' must be an integer, got \"64\""),
-    "bool_layers": ("mistral", lambda f: edit_config(f, num_hidden_layers=True), "'num_hidden_layers' must be an integer, got true"),
-    "string_eps": ("qwen2", lambda f: edit_config(f, rms_norm_eps="1e-5"), "'rms_norm_eps' must be a number, got \"1e-5\""),
-    "bad_eos": ("llama3", lambda f: edit_config(f, eos_token_id=[2, "x"]), "'eos_token_id' must be a token id or a list of them"),
-    "rope_type": ("linear", lambda f: edit_config(f, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
-                  "'rope_parameters.rope_type' 'yarn' is not supported (supported: default, linear, llama3)"),
-    "rope_factor": ("linear", lambda f: edit_config(f, rope_parameters={"rope_type": "linear", "factor": "4"}),
-                    "'rope_parameters.factor' must be a number"),
-    "llama3_missing": ("llama3", lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "factor": 8.0}),
-                       "'rope_parameters.low_freq_factor' is missing"),
-    "mistral_window": ("mistral", lambda f: edit_config(f, sliding_window=16),
-                       "'sliding_window' is 16, below max_position_embeddings 256: sliding-window attention is not supported"),
-    "qwen2_window": ("qwen2", lambda f: edit_config(f, use_sliding_window=True, sliding_window=32, layer_types=["full_attention", "sliding_attention"]),
-                     "'sliding_window' is 32, below max_position_embeddings 256"),
+    "string_size": (
+        "llama3",
+        lambda f: edit_config(f, hidden_size="64"),
+        "'hidden_size' must be an integer, got \"64\"",
+    ),
+    "bool_layers": (
+        "mistral",
+        lambda f: edit_config(f, num_hidden_layers=True),
+        "'num_hidden_layers' must be an integer, got true",
+    ),
+    "string_eps": (
+        "qwen2",
+        lambda f: edit_config(f, rms_norm_eps="1e-5"),
+        "'rms_norm_eps' must be a number, got \"1e-5\"",
+    ),
+    "bad_eos": (
+        "llama3",
+        lambda f: edit_config(f, eos_token_id=[2, "x"]),
+        "'eos_token_id' must be a token id or a list of them",
+    ),
+    "rope_type": (
+        "linear",
+        lambda f: edit_config(f, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+        "'rope_parameters.rope_type' 'yarn' is not supported (supported: default, linear, llama3)",
+    ),
+    "rope_factor": (
+        "linear",
+        lambda f: edit_config(f, rope_parameters={"rope_type": "linear", "factor": "4"}),
+        "'rope_parameters.factor' must be a number",
+    ),
+    "llama3_missing": (
+        "llama3",
+        lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "factor": 8.0}),
+        "'rope_parameters.low_freq_factor' is missing",
+    ),
+    "mistral_window": (
+        "mistral",
+        lambda f: edit_config(f, sliding_window=16),
+        "'sliding_window' is 16, below max_position_embeddings 256: sliding-window attention is not supported",
+    ),
+    "qwen2_window": (
+        "qwen2",
+        lambda f: edit_config(
+            f, use_sliding_window=True, sliding_window=32, layer_types=["full_attention", "sliding_attention"]
+        ),
+        "'sliding_window' is 32, below max_position_embeddings 256",
+    ),
     "llama_bias": ("linear", lambda f: edit_config(f, attention_bias=True), "'attention_bias' is true"),
-    "mlp_bias": ("mistral", lambda f: edit_config(f, mlp_bias=True), "'mlp_bias' is true: MLP biases are not supported"),
+    "mlp_bias": (
+        "mistral",
+        lambda f: edit_config(f, mlp_bias=True),
+        "'mlp_bias' is true: MLP biases are not supported",
+    ),
     "activation": ("qwen2", lambda f: edit_config(f, hidden_act="gelu"), "'hidden_act' 'gelu' is not supported"),
-    "model_type": ("mistral", lambda f: edit_config(f, architectures=..., model_type="gemma"), "'model_type' 'gemma' is not supported"),
+    "model_type": (
+        "mistral",
+        lambda f: edit_config(f, architectures=..., model_type="gemma"),
+        "'model_type' 'gemma' is not supported",
+    ),
 }
 
 
@@ -240,12 +310,46 @@ def test_the_cli_turns_bad_folders_into_exit_status_2(models, tmp_path, capsys, 
 
 def test_a_truncated_file_is_one_line_from_a_fresh_process(models, tmp_path):
     folder = bad_folder(models, tmp_path, "truncated")
-    result = subprocess.run([sys.executable, "-m", "slora_vtc", "generate", "--model", str(folder), "--prompt-ids", "1,2",
-                             "--max-new-tokens", "2"], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert_one_line_error(result.returncode, result.stderr, str(folder / "model.safetensors"), "not a readable safetensors file")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slora_vtc",
+            "generate",
+            "--model",
+            str(folder),
+            "--prompt-ids",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, str(folder / "model.safetensors"), "not a readable safetensors file"
+    )
 
 
 def test_run_refuses_a_suite_longer_than_the_models_context(models, capsys):
     folder = models["mistral"][0]  # max_position_embeddings 256; the overload suite's requests are longer
-    code = main(["run", "--backend", "torch", "--model", str(folder), "--suite", "overload", "--scheduler", "vtc", "--duration", "5"])
-    assert_one_line_error(code, capsys.readouterr().err, "its context is 256 tokens (max_position_embeddings)", "longest request needs")
+    code = main(
+        [
+            "run",
+            "--backend",
+            "torch",
+            "--model",
+            str(folder),
+            "--suite",
+            "overload",
+            "--scheduler",
+            "vtc",
+            "--duration",
+            "5",
+        ]
+    )
+    assert_one_line_error(
+        code, capsys.readouterr().err, "its context is 256 tokens (max_position_embeddings)", "longest request needs"
+    )

@@ -35,8 +35,9 @@ NEW = 5
 def save_adapter(base, folder, r, alpha, targets, rslora, seed):
     """A PEFT adapter whose A and B are both random (PEFT would start B at zero: no effect to test)."""
     torch.manual_seed(seed)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora,
-                                                      init_lora_weights=False))
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, init_lora_weights=False)
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
@@ -49,7 +50,9 @@ def save_adapter(base, folder, r, alpha, targets, rslora, seed):
 def hf(tmp_path_factory):
     root = tmp_path_factory.mktemp("peft")
     save_hf_llama(root / "base", max_position_embeddings=1024)
-    base = save_hf_llama(root / "scratch", max_position_embeddings=1024)  # a copy to wrap (get_peft_model changes it in place)
+    base = save_hf_llama(
+        root / "scratch", max_position_embeddings=1024
+    )  # a copy to wrap (get_peft_model changes it in place)
     for i, (name, cfg) in enumerate(ADAPTERS.items()):
         save_adapter(base, root / name, *cfg, seed=10 + i)
     return root
@@ -65,11 +68,17 @@ def peft_model(root, name):
 def peft_greedy(model, prompt: list[int], new: int) -> tuple[list[int], torch.Tensor]:
     """peft's greedy tokens and the logits it computed for each of them (prefill, then every step)."""
     with torch.inference_mode():
-        out = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
         tokens = out[0].tolist()
         logits = model(input_ids=out).logits[0, len(prompt) - 1 : -1].float()
-    return tokens[len(prompt):], logits
+    return tokens[len(prompt) :], logits
 
 
 def table(root) -> AdapterTable:
@@ -117,7 +126,9 @@ def test_adapters_really_differ(hf):
 def test_scales_and_slots_follow_each_adapters_config(hf):
     spec = resolve_spec(str(hf / "base"))
     specs = {name: read_peft_adapter(name, hf / name) for name in ADAPTERS}
-    assert specs["r4-attn"].scale == 8 / 4 and specs["r8-all"].scale == 16 / 8 and specs["r16-mixed"].scale == 8 / 16**0.5
+    assert (
+        specs["r4-attn"].scale == 8 / 4 and specs["r8-all"].scale == 16 / 8 and specs["r16-mixed"].scale == 8 / 16**0.5
+    )
     # slot width = kv_heads * head_dim = 2 * 16 = 32; a row spans ceil(max(in, out) / 32) slots:
     # q, k, v, o: 64 wide -> 2 slots; gate, up, down: 96 wide -> 3 slots
     assert specs["r4-attn"].slots(spec) == 4 * (2 + 2 + 2 + 2)
@@ -129,7 +140,9 @@ def test_pool_holds_each_resident_adapter_at_its_own_size(hf):
     backend = tiny_backend(str(hf / "base"), pool=1500, adapters=table(hf))
     engine = real_engine(backend, 1500, clients=("a",))
     sizes = dict(backend.adapters.sizes(backend.spec))
-    requests = [request(PROMPTS[i % 4], 3 + i % 5, adapter=[*ADAPTERS, None][i % 4], arrival=0.01 * i) for i in range(12)]
+    requests = [
+        request(PROMPTS[i % 4], 3 + i % 5, adapter=[*ADAPTERS, None][i % 4], arrival=0.01 * i) for i in range(12)
+    ]
 
     def on_step():
         mem = engine.memory
@@ -143,9 +156,29 @@ def test_pool_holds_each_resident_adapter_at_its_own_size(hf):
 
 def test_generate_cli_serves_a_peft_adapter(hf):
     prompt = PROMPTS[2]
-    out = subprocess.run([sys.executable, "-m", "slora_vtc", "generate", "--model", str(hf / "base"), "--lora", f"r8={hf / 'r8-all'}",
-                          "--use-lora", "r8", "--greedy", "--ignore-eos", "--max-new-tokens", str(NEW),
-                          "--prompt-ids", ",".join(map(str, prompt))], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slora_vtc",
+            "generate",
+            "--model",
+            str(hf / "base"),
+            "--lora",
+            f"r8={hf / 'r8-all'}",
+            "--use-lora",
+            "r8",
+            "--greedy",
+            "--ignore-eos",
+            "--max-new-tokens",
+            str(NEW),
+            "--prompt-ids",
+            ",".join(map(str, prompt)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert [int(t) for t in out.stdout.strip().split(",")] == peft_greedy(peft_model(hf, "r8-all"), prompt, NEW)[0]
 
@@ -157,15 +190,61 @@ def test_run_and_profile_serve_peft_adapters(hf, tmp_path):
 
     lora = [arg for name in ("r4-attn", "r16-mixed") for arg in ("--lora", f"{name}={hf / name}")]
     out = tmp_path / "run.jsonl"
-    assert main(["run", "--backend", "torch", "--model", str(hf / "base"), *lora, "--suite", "overload", "--scheduler", "vtc",
-                 "--duration", "3", "--time-scale", "30", "--pool-tokens", "3000", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--backend",
+                "torch",
+                "--model",
+                str(hf / "base"),
+                *lora,
+                "--suite",
+                "overload",
+                "--scheduler",
+                "vtc",
+                "--duration",
+                "3",
+                "--time-scale",
+                "30",
+                "--pool-tokens",
+                "3000",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (run,) = read_results(out)
     assert run.config["lora"] == [f"r4-attn={hf / 'r4-attn'}", f"r16-mixed={hf / 'r16-mixed'}"]
     assert len(run.responses) > 0 and all(r.status == "finished" for r in run.responses)
     profile = tmp_path / "profile.json"
-    assert main(["profile", "--model", str(hf / "base"), *lora, "--inputs", "8,16,24", "--outputs", "2", "--max-batch", "2",
-                 "--pool-tokens", "400", "--out", str(profile)]) == 0
-    assert [(p.input_len, p.output_len, p.batch_size) for p in load_profile(profile)] == [(8, 2, 2), (16, 2, 2), (24, 2, 2)]
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                str(hf / "base"),
+                *lora,
+                "--inputs",
+                "8,16,24",
+                "--outputs",
+                "2",
+                "--max-batch",
+                "2",
+                "--pool-tokens",
+                "400",
+                "--out",
+                str(profile),
+            ]
+        )
+        == 0
+    )
+    assert [(p.input_len, p.output_len, p.batch_size) for p in load_profile(profile)] == [
+        (8, 2, 2),
+        (16, 2, 2),
+        (24, 2, 2),
+    ]
 
 
 def cli_error(*args) -> str:
@@ -176,7 +255,9 @@ def cli_error(*args) -> str:
 
 
 def test_an_unknown_adapter_is_refused_not_invented(hf):
-    assert "unknown LoRA adapter 'nope'" in cli_error("generate", "--model", str(hf / "base"), "--use-lora", "nope", "--prompt-ids", "1,2")
+    assert "unknown LoRA adapter 'nope'" in cli_error(
+        "generate", "--model", str(hf / "base"), "--use-lora", "nope", "--prompt-ids", "1,2"
+    )
     backend = tiny_backend(str(hf / "base"), pool=300, adapters=table(hf))
     req = request(PROMPTS[0], 3, adapter="nope")
     real_engine(backend, 300, clients=("a",)).run([req])
@@ -192,7 +273,9 @@ def test_bad_adapter_folders_are_refused_in_one_line(hf, tmp_path):
     truncated = tmp_path / "truncated"
     truncated.mkdir()
     (truncated / "adapter_config.json").write_text((hf / "r4-attn" / "adapter_config.json").read_text())
-    (truncated / "adapter_model.safetensors").write_bytes((hf / "r4-attn" / "adapter_model.safetensors").read_bytes()[:500])
+    (truncated / "adapter_model.safetensors").write_bytes(
+        (hf / "r4-attn" / "adapter_model.safetensors").read_bytes()[:500]
+    )
     assert "not a readable safetensors file" in cli_error(*base, "--lora", f"x={truncated}")
 
     unsupported = tmp_path / "unsupported"
@@ -209,7 +292,17 @@ def test_bad_adapter_folders_are_refused_in_one_line(hf, tmp_path):
 def test_an_adapter_for_another_base_shape_is_refused(hf, tmp_path):
     other = save_hf_llama(tmp_path / "other", **{**TINY_HF, "hidden_size": 32, "intermediate_size": 48})
     save_adapter(other, tmp_path / "small", 4, 8, ["q_proj"], False, seed=3)
-    err = cli_error("generate", "--model", str(hf / "base"), "--lora", f"s={tmp_path / 'small'}", "--use-lora", "s", "--prompt-ids", "1,2")
+    err = cli_error(
+        "generate",
+        "--model",
+        str(hf / "base"),
+        "--lora",
+        f"s={tmp_path / 'small'}",
+        "--use-lora",
+        "s",
+        "--prompt-ids",
+        "1,2",
+    )
     assert "has shape" in err and "another model" in err
 
 

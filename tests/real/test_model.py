@@ -6,7 +6,6 @@ import pytest
 import torch
 from llama_util import TINY_HF, assert_logits_match_hf, copy_folder, edit_tensors, save_hf_llama
 from safetensors.torch import load_file
-from slora_vtc_kernels import reference
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.llama import Decode, Llama, Prefill
@@ -17,6 +16,7 @@ from slora_vtc.model.sampling import SamplingParams, sample
 from slora_vtc.model.spec import MODEL_SPECS, get_model_spec, resolve_spec
 from slora_vtc.model.weights import dummy_weights, load_weights
 from slora_vtc.realrun import generate
+from slora_vtc_kernels import reference
 
 PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11, 16, 23], [5]]
 NEW_TOKENS = [9, 6, 12, 4]  # ragged in time too: the decode batch shrinks as requests finish
@@ -30,9 +30,15 @@ def hf(tmp_path_factory):
 
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_spec_read_from_config_json(hf):
@@ -75,8 +81,20 @@ def test_both_cpu_op_sets_run_the_same_model(ops_name):
     weights = dummy_weights(spec, seed=3)
     model = Llama(spec, weights, KVPool(spec, 64, "cpu", torch.float32), load_ops(ops_name))
     baseline = Llama(spec, weights, KVPool(spec, 64, "cpu", torch.float32), load_ops("reference"))
-    prefill = Prefill(torch.tensor([1, 4, 5, 1, 7]), torch.tensor([0, 1, 2, 0, 1]), torch.tensor([10, 11, 12, 20, 21]), torch.tensor([0, 3, 5]), 3)
-    decode = Decode(torch.tensor([8, 9]), torch.tensor([3, 2]), torch.tensor([13, 22]), torch.tensor([[10, 11, 12, 13], [20, 21, 22, 0]]), torch.tensor([4, 3]))
+    prefill = Prefill(
+        torch.tensor([1, 4, 5, 1, 7]),
+        torch.tensor([0, 1, 2, 0, 1]),
+        torch.tensor([10, 11, 12, 20, 21]),
+        torch.tensor([0, 3, 5]),
+        3,
+    )
+    decode = Decode(
+        torch.tensor([8, 9]),
+        torch.tensor([3, 2]),
+        torch.tensor([13, 22]),
+        torch.tensor([[10, 11, 12, 13], [20, 21, 22, 0]]),
+        torch.tensor([4, 3]),
+    )
     for batch in (prefill, decode):
         torch.testing.assert_close(model.forward(batch), baseline.forward(batch), atol=1e-5, rtol=1e-5)
 
@@ -96,12 +114,16 @@ def test_torch_ops_match_reference():
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     cu = torch.tensor([0, 3, 4, 7])
     v = rand(7, 2, 17)[..., :16]
-    torch.testing.assert_close(ops.prefill_attention(q, k, v, cu, 0.25, 3), reference.prefill_attention(q, k, v, cu, 0.25))
+    torch.testing.assert_close(
+        ops.prefill_attention(q, k, v, cu, 0.25, 3), reference.prefill_attention(q, k, v, cu, 0.25)
+    )
     cache_k, cache_v = rand(40, 2, 16), rand(41, 2, 16)[:40]
     table, lens = torch.tensor([[3, 9, 27, 1], [5, 6, 0, 0], [39, 0, 0, 0]]), torch.tensor([4, 2, 1])
     qd = rand(3, 4, 16)
-    torch.testing.assert_close(ops.decode_attention(qd, cache_k, cache_v, table, lens, 0.25),
-                               reference.decode_attention(qd, cache_k, cache_v, table, lens, 0.25))
+    torch.testing.assert_close(
+        ops.decode_attention(qd, cache_k, cache_v, table, lens, 0.25),
+        reference.decode_attention(qd, cache_k, cache_v, table, lens, 0.25),
+    )
     ck, cv, rk, rv = (torch.zeros(40, 2, 16) for _ in range(4))
     slots = torch.tensor([5, 1, 30, 2, 8, 9, 11])
     ops.kv_scatter(k, v, ck, cv, slots)
@@ -117,11 +139,15 @@ def test_torch_attention_over_many_requests_and_prompts_of_one_length():
     table = torch.randperm(batch * width, generator=torch.Generator().manual_seed(0)).view(batch, width)
     q = rand(batch, 8, 64)
     for lens in (torch.full((batch,), width), torch.arange(batch) * 7 + 27):
-        torch.testing.assert_close(ops.decode_attention(q, cache_k, cache_v, table, lens, 0.125),
-                                   reference.decode_attention(q, cache_k, cache_v, table, lens, 0.125))
+        torch.testing.assert_close(
+            ops.decode_attention(q, cache_k, cache_v, table, lens, 0.125),
+            reference.decode_attention(q, cache_k, cache_v, table, lens, 0.125),
+        )
     qp, kp, vp = rand(3 * 50, 8, 64), rand(3 * 50, 2, 64), rand(3 * 50, 2, 64)
     cu = torch.tensor([0, 50, 100, 150])
-    torch.testing.assert_close(ops.prefill_attention(qp, kp, vp, cu, 0.125, 50), reference.prefill_attention(qp, kp, vp, cu, 0.125))
+    torch.testing.assert_close(
+        ops.prefill_attention(qp, kp, vp, cu, 0.125, 50), reference.prefill_attention(qp, kp, vp, cu, 0.125)
+    )
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -141,14 +167,17 @@ def test_sampling():
 
 
 # -- the loader's errors ------------------------------------------------------------------------
-@pytest.mark.parametrize("case, message", [
-    ("no_config", "no config.json"),
-    ("architecture", "unsupported architecture GemmaForCausalLM"),
-    ("missing_tensor", "tensor 'model.layers.1.mlp.up_proj.weight' is missing"),
-    ("bad_shape", "tensor 'model.layers.0.self_attn.k_proj.weight' has shape (64, 64), expected (32, 64)"),
-    ("no_weights", "no *.safetensors files"),
-    ("rope_scaling", "'rope_scaling.rope_type' 'yarn' is not supported"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_config", "no config.json"),
+        ("architecture", "unsupported architecture GemmaForCausalLM"),
+        ("missing_tensor", "tensor 'model.layers.1.mlp.up_proj.weight' is missing"),
+        ("bad_shape", "tensor 'model.layers.0.self_attn.k_proj.weight' has shape (64, 64), expected (32, 64)"),
+        ("no_weights", "no *.safetensors files"),
+        ("rope_scaling", "'rope_scaling.rope_type' 'yarn' is not supported"),
+    ],
+)
 def test_bad_model_folders_raise_a_clear_error(hf, tmp_path, case, message):
     folder = copy_folder(hf[0], tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
@@ -163,7 +192,9 @@ def test_bad_model_folders_raise_a_clear_error(hf, tmp_path, case, message):
     elif case == "no_weights":
         (folder / "model.safetensors").unlink()
     elif case == "rope_scaling":
-        (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}))
+        (folder / "config.json").write_text(
+            json.dumps({**config, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+        )
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         load_weights(str(folder), resolve_spec(str(folder)), "cpu", torch.float32)
 
@@ -179,7 +210,9 @@ def test_model_specs():
 def test_tied_embeddings_need_no_lm_head_tensor(tmp_path):
     folder = tmp_path / "tied"
     model = save_hf_llama(folder, tie_word_embeddings=True)
-    assert resolve_spec(str(folder)).tie_word_embeddings and "lm_head.weight" not in load_file(folder / "model.safetensors")
+    assert resolve_spec(str(folder)).tie_word_embeddings and "lm_head.weight" not in load_file(
+        folder / "model.safetensors"
+    )
     assert generate(str(folder), [PROMPTS[1]], 5, ignore_eos=True) == [hf_greedy(model, PROMPTS[1], 5)]
 
 

@@ -37,7 +37,11 @@ def test_preempted_and_cached_requests_end_with_the_tokens_of_an_unhurried_run(f
     reference = serve(folder, 2000)
     assert sum(r.preemptions for r in reference) == 0
     # 6 x (35..50 + 40) tokens do not fit 300 at once; with the shared 30-token start cached, not 200
-    for pool, config in ((300, dict(admission="optimistic")), (200, dict(admission="optimistic", prefix_cache=True)), (2000, dict(prefix_cache=True))):
+    for pool, config in (
+        (300, dict(admission="optimistic")),
+        (200, dict(admission="optimistic", prefix_cache=True)),
+        (2000, dict(prefix_cache=True)),
+    ):
         got = serve(folder, pool, **config)
         assert [r.output_ids for r in got] == [r.output_ids for r in reference], config
         if config.get("admission"):

@@ -37,8 +37,15 @@ PROMPT = [1, *(rng.randrange(3, 128) for _ in range(23))]  # 24 tokens
 TAIL = [rng.randrange(3, 128) for _ in range(6)]
 OTHER = [1, *(rng.randrange(3, 128) for _ in range(14))]
 ADAPTER_PROMPT = [1, *(rng.randrange(3, 128) for _ in range(17))]
-BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                                                      reason="the fp32 check runs the kernels in the interpreter"))]
+BACKENDS = [
+    "torch",
+    pytest.param(
+        "triton",
+        marks=pytest.mark.skipif(
+            os.environ.get("TRITON_INTERPRET") != "1", reason="the fp32 check runs the kernels in the interpreter"
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,9 @@ def hf(tmp_path_factory):
     model = save_hf_llama(root / "base")
     scratch = save_hf_llama(root / "scratch")
     torch.manual_seed(3)
-    wrapped = peft.get_peft_model(scratch, peft.LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGETS), init_lora_weights=False))
+    wrapped = peft.get_peft_model(
+        scratch, peft.LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGETS), init_lora_weights=False)
+    )
     with torch.no_grad():
         for name, p in wrapped.named_parameters():
             if "lora_" in name:
@@ -80,7 +89,9 @@ class Driver:
         if backend == "torch":
             self.backend = tiny_backend(str(root / "base"), pool=POOL, adapters=adapters)
         else:  # the Triton kernels in the interpreter, on the CPU
-            self.backend = build_backend(backend, str(root / "base"), pool_tokens=POOL, adapters=adapters, device="cpu", dtype="float32")
+            self.backend = build_backend(
+                backend, str(root / "base"), pool_tokens=POOL, adapters=adapters, device="cpu", dtype="float32"
+            )
         self.logits = record_logits(self.backend)
         self.slots = Slots(POOL)
         self.computed: list[int] = []
@@ -119,7 +130,7 @@ def hf_greedy(model, prompt, new: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(new):
         tokens.append(int(hf_logits(model, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 # -- (a) a cached prefix ------------------------------------------------------------------------
@@ -172,9 +183,11 @@ def test_one_batch_mixing_cached_cold_and_adapter_requests(hf, backend):
     d.backend.load_adapter("r8", np.array(d.slots.take(spec.slots(d.backend.spec))))
     base_first, adapter_first = d.new(PROMPT, 2), d.new(ADAPTER_PROMPT, 2, adapter="r8")
     d.step("prefill", [base_first, adapter_first])
-    batch = [d.new(PROMPT[:19] + TAIL, 7, cached_from=base_first, cached_len=19),  # a mid-block prefix
-             d.new(OTHER, 5),  # cold
-             d.new(ADAPTER_PROMPT[:11] + TAIL[:3], 6, adapter="r8", cached_from=adapter_first, cached_len=11)]  # its adapter's own prefix
+    batch = [
+        d.new(PROMPT[:19] + TAIL, 7, cached_from=base_first, cached_len=19),  # a mid-block prefix
+        d.new(OTHER, 5),  # cold
+        d.new(ADAPTER_PROMPT[:11] + TAIL[:3], 6, adapter="r8", cached_from=adapter_first, cached_len=11),
+    ]  # its adapter's own prefix
     d.step("prefill", batch)
     assert d.computed[-1] == len(TAIL) + len(OTHER) + 3
     d.finish([base_first, adapter_first, *batch])
@@ -200,7 +213,10 @@ def test_a_resumed_request_ends_as_an_uninterrupted_greedy_run(hf, reuse_prompt,
     d.step("decode", [neighbour, newcomer])
     assert victim.generated == 5
     kept = victim.kv_slots[: victim.prompt_len] if reuse_prompt else d.slots.take(victim.prompt_len)
-    victim.kv_slots, victim.cached_len = [*kept, *d.slots.take(victim.generated)], victim.prompt_len if reuse_prompt else 0
+    victim.kv_slots, victim.cached_len = (
+        [*kept, *d.slots.take(victim.generated)],
+        victim.prompt_len if reuse_prompt else 0,
+    )
     d.step("prefill", [victim])  # over prompt + its 5 outputs; yields output 6
     assert d.computed[-1] == (5 if reuse_prompt else len(PROMPT) + 5)
     d.finish([victim, neighbour, newcomer])
@@ -248,17 +264,78 @@ def test_a_prefill_the_model_cannot_run_fails_that_request_only(hf, case):
 # -- prefix-hit points in the cost profile ------------------------------------------------------
 def test_the_profile_command_writes_prefix_hit_points(tmp_path, capsys):
     out = tmp_path / "profile.json"
-    assert main(["profile", "--model", "tiny", "--pool-tokens", "400", "--inputs", "8,16", "--outputs", "1,2",
-                 "--cached-lens", "40,100", "--extend-lens", "8,30", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny",
+                "--pool-tokens",
+                "400",
+                "--inputs",
+                "8,16",
+                "--outputs",
+                "1,2",
+                "--cached-lens",
+                "40,100",
+                "--extend-lens",
+                "8,30",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "prefix hits:" in capsys.readouterr().out
     hits = load_prefix_hits(out)
-    assert [(h.cached_len, h.extend_len, h.batch_size) for h in hits] == [(40, 8, 8), (40, 30, 5), (100, 8, 3), (100, 30, 3)]  # 400 // (c + e)
+    assert [(h.cached_len, h.extend_len, h.batch_size) for h in hits] == [
+        (40, 8, 8),
+        (40, 30, 5),
+        (100, 8, 3),
+        (100, 30, 3),
+    ]  # 400 // (c + e)
     assert all(h.prefill_s > 0 for h in hits)
     assert len(load_profile(out)) == 4  # the ordinary points read as before
-    assert main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--out", str(out)]) == 0
-    assert [(h.cached_len, h.extend_len, h.batch_size) for h in load_prefix_hits(out)] == [(256, 32, 1)]  # of the default grid, only this fits
-    assert main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--no-prefix-hits",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny",
+                "--pool-tokens",
+                "300",
+                "--inputs",
+                "8",
+                "--outputs",
+                "1,2,3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert [(h.cached_len, h.extend_len, h.batch_size) for h in load_prefix_hits(out)] == [
+        (256, 32, 1)
+    ]  # of the default grid, only this fits
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny",
+                "--pool-tokens",
+                "300",
+                "--inputs",
+                "8",
+                "--outputs",
+                "1,2,3",
+                "--no-prefix-hits",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "prefix_hits" not in json.loads(out.read_text()) and load_prefix_hits(out) == []
 
 
@@ -281,14 +358,17 @@ def test_old_profiles_load_and_hits_round_trip(tmp_path):
     assert load_profile(tmp_path / "p.json") == points and load_prefix_hits(tmp_path / "p.json") == hits
 
 
-@pytest.mark.parametrize("hits, message", [
-    ({"a": 1}, "'prefix_hits' must be a list"),
-    ([[1, 256, 32]], "prefix_hits entry 1: expected [batch_size, cached_len, extend_len, prefill_s]"),
-    ([[1, 256, 32, 0.1], [2, 256.5, 32, 0.1]], "prefix_hits entry 2: expected"),
-    ([[1, 256, 32, "fast"]], "prefix_hits entry 1: expected"),
-    ([[1, 0, 32, 0.1]], "prefix_hits entry 1: batch size and lengths must be positive"),
-    ([[1, 256, 32, -0.1]], "prefix_hits entry 1: batch size and lengths must be positive, the time non-negative"),
-])
+@pytest.mark.parametrize(
+    "hits, message",
+    [
+        ({"a": 1}, "'prefix_hits' must be a list"),
+        ([[1, 256, 32]], "prefix_hits entry 1: expected [batch_size, cached_len, extend_len, prefill_s]"),
+        ([[1, 256, 32, 0.1], [2, 256.5, 32, 0.1]], "prefix_hits entry 2: expected"),
+        ([[1, 256, 32, "fast"]], "prefix_hits entry 1: expected"),
+        ([[1, 0, 32, 0.1]], "prefix_hits entry 1: batch size and lengths must be positive"),
+        ([[1, 256, 32, -0.1]], "prefix_hits entry 1: batch size and lengths must be positive, the time non-negative"),
+    ],
+)
 def test_bad_prefix_hits_name_the_file_and_entry(tmp_path, hits, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({**json.loads(data_file(A10G_PROFILE).read_text()), PREFIX_HITS: hits}))
@@ -299,7 +379,24 @@ def test_bad_prefix_hits_name_the_file_and_entry(tmp_path, hits, message):
 
 
 def test_a_prefix_hit_point_that_does_not_fit_is_a_one_line_error(tmp_path, capsys):
-    code = main(["profile", "--model", "tiny", "--pool-tokens", "300", "--inputs", "8", "--outputs", "1,2,3", "--cached-lens", "280",
-                 "--extend-lens", "32", "--out", str(tmp_path / "p.json")])
+    code = main(
+        [
+            "profile",
+            "--model",
+            "tiny",
+            "--pool-tokens",
+            "300",
+            "--inputs",
+            "8",
+            "--outputs",
+            "1,2,3",
+            "--cached-lens",
+            "280",
+            "--extend-lens",
+            "32",
+            "--out",
+            str(tmp_path / "p.json"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "prefix-hit point (cached 280, extend 32) does not fit" in err

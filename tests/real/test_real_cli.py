@@ -34,20 +34,56 @@ def hf_folder(tmp_path_factory):
 
 
 def test_generate_prints_one_line_of_ids_per_prompt(capsys, hf_folder):
-    code, out, _ = run_cli(capsys, "generate", "--model", hf_folder, "--prompt-ids", "1,2,3", "--prompt-ids", "1,50,60,70",
-                           "--max-new-tokens", "7", "--greedy", "--ignore-eos")
+    code, out, _ = run_cli(
+        capsys,
+        "generate",
+        "--model",
+        hf_folder,
+        "--prompt-ids",
+        "1,2,3",
+        "--prompt-ids",
+        "1,50,60,70",
+        "--max-new-tokens",
+        "7",
+        "--greedy",
+        "--ignore-eos",
+    )
     assert code == 0
     lines = out.strip().splitlines()
     assert len(lines) == 2 and all(len(line.split(",")) == 7 for line in lines)
     from llama_util import TINY_HF
 
     assert all(0 <= int(t) < TINY_HF["vocab_size"] for line in lines for t in line.split(","))
-    code, again, _ = run_cli(capsys, "generate", "--model", hf_folder, "--prompt-ids", "1,2,3", "--max-new-tokens", "7", "--greedy", "--ignore-eos")
+    code, again, _ = run_cli(
+        capsys,
+        "generate",
+        "--model",
+        hf_folder,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "7",
+        "--greedy",
+        "--ignore-eos",
+    )
     assert again.strip() == lines[0]  # a prompt's tokens do not depend on its batch
 
 
 def test_sampled_generation_is_seeded(capsys):
-    args = ("generate", "--model", "tiny", "--prompt-ids", "1,9,9", "--max-new-tokens", "12", "--temperature", "1.5", "--top-k", "50", "--ignore-eos")
+    args = (
+        "generate",
+        "--model",
+        "tiny",
+        "--prompt-ids",
+        "1,9,9",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "1.5",
+        "--top-k",
+        "50",
+        "--ignore-eos",
+    )
     first = run_cli(capsys, *args, "--seed", "3")[1]
     assert run_cli(capsys, *args, "--seed", "3")[1] == first
     assert run_cli(capsys, *args, "--seed", "4")[1] != first
@@ -55,16 +91,44 @@ def test_sampled_generation_is_seeded(capsys):
 
 def test_profile_writes_a_profile_the_simulator_reads(capsys, tmp_path):
     out = tmp_path / "profile.json"
-    code, text, _ = run_cli(capsys, "profile", "--backend", "torch", "--model", "tiny", "--pool-tokens", "300",
-                            "--inputs", "8,32", "--outputs", "1,6", "--out", out)
+    code, text, _ = run_cli(
+        capsys,
+        "profile",
+        "--backend",
+        "torch",
+        "--model",
+        "tiny",
+        "--pool-tokens",
+        "300",
+        "--inputs",
+        "8,32",
+        "--outputs",
+        "1,6",
+        "--out",
+        out,
+    )
     assert code == 0 and "wrote" in text
     points = {(p.input_len, p.output_len): p for p in load_profile(out)}
     assert set(points) == {(8, 1), (8, 6), (32, 1), (32, 6)}
     assert points[(8, 6)].batch_size == 300 // 14 and points[(32, 1)].batch_size == 300 // 33
     assert all(p.prefill_s > 0 and p.decode_s > 0 for p in points.values())
     assert set(json.loads(out.read_text())) == {"8", "32", "prefix_hits"}  # 256 + 32 fits the pool
-    code, _, _ = run_cli(capsys, "run", "--backend", "sim", "--profile", out, "--suite", "overload", "--scheduler", "vtc",
-                         "--duration", "20", "--out", tmp_path / "sim.jsonl")
+    code, _, _ = run_cli(
+        capsys,
+        "run",
+        "--backend",
+        "sim",
+        "--profile",
+        out,
+        "--suite",
+        "overload",
+        "--scheduler",
+        "vtc",
+        "--duration",
+        "20",
+        "--out",
+        tmp_path / "sim.jsonl",
+    )
     assert code == 0
 
 
@@ -80,33 +144,105 @@ def broken_folder(hf_folder, tmp_path, case):
     return folder
 
 
-@pytest.mark.parametrize("case, message", [
-    ("no_config", "no config.json"),
-    ("architecture", "unsupported architecture GPT2LMHeadModel"),
-    ("missing_tensor", "tensor 'model.norm.weight' is missing"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_config", "no config.json"),
+        ("architecture", "unsupported architecture GPT2LMHeadModel"),
+        ("missing_tensor", "tensor 'model.norm.weight' is missing"),
+    ],
+)
 def test_bad_model_folder_is_a_one_line_error(capsys, hf_folder, tmp_path, case, message):
     folder = broken_folder(hf_folder, tmp_path, case)
     code, _, err = run_cli(capsys, "generate", "--model", folder, "--prompt-ids", "1,2", "--max-new-tokens", "2")
     assert_one_line_error(code, err, message)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "--prompt-ids", ",".join(["5"] * 20), "--pool-tokens", "16"], "does not fit a pool of 16 tokens"),
-    (["generate", "--prompt-ids", "1,2,999"], "token id 999 is outside the model's vocabulary"),
-    (["generate", "--prompt-ids", "1,x"], "comma-separated integers"),
-    (["generate", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
-    (["generate", "--prompt-ids", "1", "--max-new-tokens", "5000"], "exceed the model's context of 4096"),
-    (["generate", "--model", "gpt-5", "--prompt-ids", "1"], "unknown model 'gpt-5'"),
-    (["generate", "--prompt-ids", "1", "--top-p", "0"], "0 < top_p <= 1"),
-    (["generate", "--prompt-ids", "1", "--dtype", "float16"], "float16 is not supported on the CPU"),
-    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--pool-tokens", "1000",
-      "--dummy-adapters", "1", "--adapter-rank", "200"], "LoRA adapter 'dummy-0' (rank 200, 4 modules) takes 1600 pool slots, which does not fit a pool of 1000 tokens"),
-    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--model", "nope"], "unknown model 'nope'"),
-    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--time-scale", "0"], "--time-scale must be positive"),
-    (["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--adapters", "-1"], "must not be negative"),
-    (["profile", "--out", "p.json", "--inputs", "8,600", "--outputs", "1", "--pool-tokens", "500"], "profile point (600, 1) does not fit"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--prompt-ids", ",".join(["5"] * 20), "--pool-tokens", "16"], "does not fit a pool of 16 tokens"),
+        (["generate", "--prompt-ids", "1,2,999"], "token id 999 is outside the model's vocabulary"),
+        (["generate", "--prompt-ids", "1,x"], "comma-separated integers"),
+        (["generate", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+        (["generate", "--prompt-ids", "1", "--max-new-tokens", "5000"], "exceed the model's context of 4096"),
+        (["generate", "--model", "gpt-5", "--prompt-ids", "1"], "unknown model 'gpt-5'"),
+        (["generate", "--prompt-ids", "1", "--top-p", "0"], "0 < top_p <= 1"),
+        (["generate", "--prompt-ids", "1", "--dtype", "float16"], "float16 is not supported on the CPU"),
+        (
+            [
+                "run",
+                "--backend",
+                "torch",
+                "--suite",
+                "overload",
+                "--scheduler",
+                "vtc",
+                "--duration",
+                "5",
+                "--pool-tokens",
+                "1000",
+                "--dummy-adapters",
+                "1",
+                "--adapter-rank",
+                "200",
+            ],
+            "LoRA adapter 'dummy-0' (rank 200, 4 modules) takes 1600 pool slots, which does not fit a pool of 1000 tokens",
+        ),
+        (
+            [
+                "run",
+                "--backend",
+                "torch",
+                "--suite",
+                "overload",
+                "--scheduler",
+                "vtc",
+                "--duration",
+                "5",
+                "--model",
+                "nope",
+            ],
+            "unknown model 'nope'",
+        ),
+        (
+            [
+                "run",
+                "--backend",
+                "torch",
+                "--suite",
+                "overload",
+                "--scheduler",
+                "vtc",
+                "--duration",
+                "5",
+                "--time-scale",
+                "0",
+            ],
+            "--time-scale must be positive",
+        ),
+        (
+            [
+                "run",
+                "--backend",
+                "torch",
+                "--suite",
+                "overload",
+                "--scheduler",
+                "vtc",
+                "--duration",
+                "5",
+                "--adapters",
+                "-1",
+            ],
+            "must not be negative",
+        ),
+        (
+            ["profile", "--out", "p.json", "--inputs", "8,600", "--outputs", "1", "--pool-tokens", "500"],
+            "profile point (600, 1) does not fit",
+        ),
+    ],
+)
 def test_bad_input_is_a_one_line_error(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, *argv)

@@ -31,8 +31,12 @@ def test_pool_is_clean_after_a_run_and_adapters_share_it_with_kv():
     engine = real_engine(backend, pool=400)
     engine.memory._on_load = backend.load_adapter
     adapters = ["dummy-0", "dummy-1", None]
-    requests = [request(prompt(8 + 5 * (i % 4), i), 6 + 3 * (i % 5), client="abc"[i % 3], adapter=adapters[i % 3], arrival=0.01 * i)
-                for i in range(30)]
+    requests = [
+        request(
+            prompt(8 + 5 * (i % 4), i), 6 + 3 * (i % 5), client="abc"[i % 3], adapter=adapters[i % 3], arrival=0.01 * i
+        )
+        for i in range(30)
+    ]
     mem = engine.memory
 
     def on_step():
@@ -49,6 +53,7 @@ def test_pool_is_clean_after_a_run_and_adapters_share_it_with_kv():
 
 def test_adapter_slots_count_in_admission():
     """Two requests fit the pool together without adapters, not with two distinct ones."""
+
     def served(adapters):
         backend = tiny_backend(pool=200, adapters=dummies(2, RANK))
         reqs = [request(prompt(40, i), 40, adapter=a) for i, a in enumerate(adapters)]
@@ -61,8 +66,15 @@ def test_adapter_slots_count_in_admission():
     assert a.first_token_time == b.first_token_time
     a, b = served(["dummy-0", "dummy-1"])  # 2 * 80 + 2 * 32 > 200: b waits until a has made room
     assert b.first_token_time > a.first_token_time
-    assert Experiment(suite="overload", scheduler="vtc", backend="torch", adapters=1, adapter_rank=8).engine_config().slots_of("dummy-0") == 64
-    assert Experiment(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32  # the simulator's default is unchanged
+    assert (
+        Experiment(suite="overload", scheduler="vtc", backend="torch", adapters=1, adapter_rank=8)
+        .engine_config()
+        .slots_of("dummy-0")
+        == 64
+    )
+    assert (
+        Experiment(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32
+    )  # the simulator's default is unchanged
 
 
 def test_a_request_that_fails_in_the_model_is_aborted_and_the_rest_served():
@@ -76,8 +88,13 @@ def test_a_request_that_fails_in_the_model_is_aborted_and_the_rest_served():
             return forward(batch)
 
         backend.model.forward = failing_forward
-        reqs = [request(prompt(6, 1), 8), request([1, 5, 77, 9], 8), request(prompt(25, 2), 12), request(prompt(5, 3), 10),
-                request([1, 300, 2], 4)]  # 300 is outside the vocabulary: refused before the model runs
+        reqs = [
+            request(prompt(6, 1), 8),
+            request([1, 5, 77, 9], 8),
+            request(prompt(25, 2), 12),
+            request(prompt(5, 3), 10),
+            request([1, 300, 2], 4),
+        ]  # 300 is outside the vocabulary: refused before the model runs
         engine = real_engine(backend, pool=300)
         engine.run(reqs)
         assert_clean(engine, reqs)
@@ -123,11 +140,34 @@ def test_vtc_keeps_backlogged_clients_within_the_bound_and_fcfs_does_not():
 
 def test_run_end_to_end_on_cpu_writes_the_simulators_result_file(capsys, tmp_path):
     out = tmp_path / "real.jsonl"
-    code = main(["run", "--backend", "torch", "--model", "tiny", "--suite", "overload", "--scheduler", "vtc",
-                 "--duration", "4", "--time-scale", "20", "--pool-tokens", "3000", "--adapters", "1", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--backend",
+            "torch",
+            "--model",
+            "tiny",
+            "--suite",
+            "overload",
+            "--scheduler",
+            "vtc",
+            "--duration",
+            "4",
+            "--time-scale",
+            "20",
+            "--pool-tokens",
+            "3000",
+            "--adapters",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0 and "wrote" in capsys.readouterr().out
     (result,) = read_results(out)
-    assert result.config["backend"] == "torch" and result.config["model"] == "tiny" and result.config["time_scale"] == 20
+    assert (
+        result.config["backend"] == "torch" and result.config["model"] == "tiny" and result.config["time_scale"] == 20
+    )
     assert len(result.responses) == 18 and result.count("finished") == 18
     assert all(r.first_token_latency > 0 and r.request_latency >= r.first_token_latency for r in result.responses)
 
@@ -142,9 +182,11 @@ def test_scaled_wall_clock():
 
 
 def test_the_simulator_path_does_not_import_torch(tmp_path):
-    code = ("import sys; from slora_vtc.cli import main; "
-            f"assert main(['run', '--suite', 'overload', '--scheduler', 'vtc', '--duration', '20', '--out', r'{tmp_path / 'r.jsonl'}']) == 0; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys; from slora_vtc.cli import main; "
+        f"assert main(['run', '--suite', 'overload', '--scheduler', 'vtc', '--duration', '20', '--out', r'{tmp_path / 'r.jsonl'}']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 

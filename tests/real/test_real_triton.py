@@ -50,7 +50,9 @@ def test_triton_kernels_run_the_model_like_the_torch_ops():
     ops = triton_ops()
     torch_backend = tiny_backend(pool=400, adapters=TABLE, seed=5, device=dev, dtype="float32")
     model = torch_backend.model
-    triton_backend = LlamaBackend(Llama(model.spec, model.weights, KVPool(model.spec, 400, dev, torch.float32), ops), adapters=TABLE, seed=5)
+    triton_backend = LlamaBackend(
+        Llama(model.spec, model.weights, KVPool(model.spec, 400, dev, torch.float32), ops), adapters=TABLE, seed=5
+    )
     (want, want_ids), (got, got_ids) = serve(torch_backend), serve(triton_backend)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w.cpu(), atol=1e-4, rtol=1e-4)

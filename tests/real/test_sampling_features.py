@@ -32,21 +32,37 @@ def run(backend, samplings, new: int = 8, pool: int = 400, prompts=PROMPTS, **co
 
 
 # -- validation ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad, field", [
-    (dict(presence_penalty=2.5), "presence_penalty"), (dict(presence_penalty=-2.01), "presence_penalty"),
-    (dict(frequency_penalty=3), "frequency_penalty"), (dict(frequency_penalty=float("nan")), "frequency_penalty"),
-    (dict(repetition_penalty=0), "repetition_penalty"), (dict(repetition_penalty=-1.0), "repetition_penalty"),
-    (dict(logprobs=21), "logprobs"), (dict(logprobs=-1), "logprobs"), (dict(logprobs=True), "logprobs"),
-    (dict(seed=1.5), "seed"), (dict(seed="7"), "seed"), (dict(temperature=float("inf")), "temperature"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(presence_penalty=-2.01), "presence_penalty"),
+        (dict(frequency_penalty=3), "frequency_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(repetition_penalty=0), "repetition_penalty"),
+        (dict(repetition_penalty=-1.0), "repetition_penalty"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(logprobs=-1), "logprobs"),
+        (dict(logprobs=True), "logprobs"),
+        (dict(seed=1.5), "seed"),
+        (dict(seed="7"), "seed"),
+        (dict(temperature=float("inf")), "temperature"),
+    ],
+)
 def test_bad_values_raise_a_user_error_naming_the_field(bad, field):
     with pytest.raises(UserError, match=field):
         SamplingParams(**bad)
 
 
 def test_edge_values_are_accepted():
-    for ok in (dict(presence_penalty=-2, frequency_penalty=2), dict(repetition_penalty=1e-3), dict(logprobs=0), dict(logprobs=20),
-               dict(seed=-1), dict(seed=2**70)):
+    for ok in (
+        dict(presence_penalty=-2, frequency_penalty=2),
+        dict(repetition_penalty=1e-3),
+        dict(logprobs=0),
+        dict(logprobs=20),
+        dict(seed=-1),
+        dict(seed=2**70),
+    ):
         SamplingParams(**ok)
     assert SamplingParams(seed=5).greedy and not SamplingParams(temperature=0.1).greedy
 
@@ -60,7 +76,9 @@ def test_presence_and_frequency_penalties_by_hand():
     got = apply_penalties(logits, output, prompt, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25))
     # token 1: 2 - 0.25 * 1 - 0.5; token 3: 3 - 0.25 * 2 - 0.5; the prompt's tokens 0 and 4 untouched
     assert got.tolist() == [[1.0, 1.25, 0.5, 2.0, -1.0]]
-    got = apply_penalties(logits, output, prompt, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0))
+    got = apply_penalties(
+        logits, output, prompt, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0)
+    )
     # repetition first (positive / 2, negative * 2, prompt and output), then frequency and presence
     assert got.tolist() == [[0.5, 0.25, 0.5, 0.5, -2.0]]
 
@@ -103,8 +121,12 @@ def test_repetition_penalty_equals_transformers_processor(hf):
 def test_logprobs_are_log_softmax_of_the_models_logits(hf):
     """Logprobs are the raw ones: those of transformers' logits, unchanged by temperature or penalties."""
     folder, model = hf
-    samplings = [SamplingParams(logprobs=5), SamplingParams(temperature=1.5, presence_penalty=1.0, repetition_penalty=1.3, seed=2, logprobs=3),
-                 SamplingParams(logprobs=0), None]
+    samplings = [
+        SamplingParams(logprobs=5),
+        SamplingParams(temperature=1.5, presence_penalty=1.0, repetition_penalty=1.3, seed=2, logprobs=3),
+        SamplingParams(logprobs=0),
+        None,
+    ]
     reqs = run(tiny_backend(str(folder)), samplings)
     for r, s in zip(reqs, samplings):
         if s is None:
@@ -126,8 +148,12 @@ def test_logprobs_are_log_softmax_of_the_models_logits(hf):
 
 
 # -- seeds ---------------------------------------------------------------------------------------------------
-SEEDED = [SamplingParams(temperature=3.0, seed=11), SamplingParams(temperature=3.0, top_k=50, seed=12),
-          SamplingParams(temperature=3.0, top_p=0.9, seed=11, frequency_penalty=0.5), SamplingParams(temperature=3.0, seed=-7, logprobs=2)]
+SEEDED = [
+    SamplingParams(temperature=3.0, seed=11),
+    SamplingParams(temperature=3.0, top_k=50, seed=12),
+    SamplingParams(temperature=3.0, top_p=0.9, seed=11, frequency_penalty=0.5),
+    SamplingParams(temperature=3.0, seed=-7, logprobs=2),
+]
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_batched_and_preempted():
@@ -146,8 +172,12 @@ def test_a_seeded_request_draws_the_same_tokens_alone_batched_and_preempted():
 
 
 def test_penalised_greedy_requests_recover_their_counts_after_a_preemption():
-    samplings = [SamplingParams(repetition_penalty=1.5), SamplingParams(presence_penalty=1.5, frequency_penalty=1.0),
-                 SamplingParams(frequency_penalty=2.0), SamplingParams(repetition_penalty=0.5, presence_penalty=-1.0)]
+    samplings = [
+        SamplingParams(repetition_penalty=1.5),
+        SamplingParams(presence_penalty=1.5, frequency_penalty=1.0),
+        SamplingParams(frequency_penalty=2.0),
+        SamplingParams(repetition_penalty=0.5, presence_penalty=-1.0),
+    ]
     roomy = run(tiny_backend(), samplings, new=16)
     tight = run(tiny_backend(pool=60), samplings, new=16, pool=60, admission="optimistic")
     assert sum(r.preemptions for r in tight) > 0
@@ -165,7 +195,9 @@ def test_a_preempted_request_keeps_its_generator_and_others_lose_theirs():
     sampler = BatchSampler(SamplingParams(), torch.Generator(), 4, torch.device("cpu"))
     seeded = SamplingParams(temperature=1.0, seed=3)
     logits = torch.zeros((1, 4))
-    preempted, aborted = (Request("a", 1, 10, 0.0, rid=rid, prompt_ids=[1], sampling=seeded, state=State.RUNNING) for rid in (0, 1))
+    preempted, aborted = (
+        Request("a", 1, 10, 0.0, rid=rid, prompt_ids=[1], sampling=seeded, state=State.RUNNING) for rid in (0, 1)
+    )
     for req in (preempted, aborted):
         sampler.sample([req], logits)
     generator = sampler._generators[0]

@@ -22,7 +22,10 @@ from slora_vtc.sched import build_scheduler
 from slora_vtc.server.stops import StopMatcher
 
 POOL = 2000
-TINY_SPECIALS = (1, 2)  # tiny's BOS and EOS; its byte tokenizer: id = byte (a vocabulary of 256 leaves no room for an offset)
+TINY_SPECIALS = (
+    1,
+    2,
+)  # tiny's BOS and EOS; its byte tokenizer: id = byte (a vocabulary of 256 leaves no room for an offset)
 GREEDY = dict(temperature=0, max_tokens=30)
 
 
@@ -57,14 +60,19 @@ def ascii_pair(text: str, start: int = 3) -> str:
 
 def counts(server, user: str) -> tuple[float, float]:
     m = server.wait_idle()
-    return m.get(f'slora_requests_finished_total{{client="{user}"}}', 0), m.get(f'slora_requests_aborted_total{{client="{user}"}}', 0)
+    return m.get(f'slora_requests_finished_total{{client="{user}"}}', 0), m.get(
+        f'slora_requests_aborted_total{{client="{user}"}}', 0
+    )
 
 
 PROMPT = [1, 40, 41, 42]
 
 
 # -- the pieces: stop matching, Engine.finish ------------------------------------------------------
-@given(st.lists(st.text("ab\u00e9", max_size=4), max_size=8), st.lists(st.text("ab\u00e9", min_size=1, max_size=3), max_size=3))
+@given(
+    st.lists(st.text("ab\u00e9", max_size=4), max_size=8),
+    st.lists(st.text("ab\u00e9", min_size=1, max_size=3), max_size=3),
+)
 def test_stop_matcher_equals_cutting_the_whole_text_at_the_first_stop(pieces, stops):
     whole = "".join(pieces)
     hits = [i for s in stops if (i := whole.find(s)) >= 0]
@@ -102,8 +110,14 @@ def test_stop_string_trims_the_text_and_ends_the_request_as_finished(server, cli
     cut = full.index(stop)
     # the token that completes the stop string, by brute force over prefixes
     expected_tokens = next(m for m in range(1, len(ids) + 1) if stop in byte_text(ids[:m]))
-    r = client.completions.create(model="tiny", prompt=PROMPT, stop=[stop, "never-there"], user="stopper",
-                                  extra_body={"ignore_eos": True}, **GREEDY)
+    r = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        stop=[stop, "never-there"],
+        user="stopper",
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
     assert r.choices[0].text == full[:cut]
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens == expected_tokens < 30
@@ -113,8 +127,17 @@ def test_stop_string_trims_the_text_and_ends_the_request_as_finished(server, cli
 def test_streamed_stop_holds_back_a_partial_stop_string(server, client):
     full = byte_text(stream_ids(server, PROMPT, 30))
     stop = ascii_pair(full)  # two tokens: the first must not be sent before the second shows it is a stop
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, stop=stop, stream=True, user="stream-stopper",
-                                            extra_body={"ignore_eos": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            stop=stop,
+            stream=True,
+            user="stream-stopper",
+            extra_body={"ignore_eos": True},
+            **GREEDY,
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == full[: full.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert counts(server, "stream-stopper") == (1, 0)
@@ -123,8 +146,11 @@ def test_streamed_stop_holds_back_a_partial_stop_string(server, client):
 def test_a_stop_string_that_never_completes_releases_what_it_held(server, client):
     full = byte_text(stream_ids(server, PROMPT, 30))
     stop = full[-1] + "§§"  # starts with the last character: held back to the end, then released
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, stop=stop, stream=True,
-                                            extra_body={"ignore_eos": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=PROMPT, stop=stop, stream=True, extra_body={"ignore_eos": True}, **GREEDY
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == full
     assert chunks[-1].choices[0].finish_reason == "length"
 
@@ -134,10 +160,15 @@ def test_chat_stop_string(server, client):
     whole = client.chat.completions.create(model="tiny", messages=messages, extra_body={"ignore_eos": True}, **GREEDY)
     full = whole.choices[0].message.content
     stop = ascii_pair(full, 1)
-    r = client.chat.completions.create(model="tiny", messages=messages, stop=stop, extra_body={"ignore_eos": True}, **GREEDY)
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, stop=stop, extra_body={"ignore_eos": True}, **GREEDY
+    )
     assert r.choices[0].message.content == full[: full.index(stop)] and r.choices[0].finish_reason == "stop"
-    chunks = list(client.chat.completions.create(model="tiny", messages=messages, stop=stop, stream=True,
-                                                 extra_body={"ignore_eos": True}, **GREEDY))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, stop=stop, stream=True, extra_body={"ignore_eos": True}, **GREEDY
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
     server.wait_idle()
 
@@ -146,8 +177,13 @@ def test_stop_token_ids_end_at_the_first_such_token_even_with_ignore_eos(server,
     ids = stream_ids(server, PROMPT, 30)
     stop_id = ids[6]
     first = ids.index(stop_id)
-    r = client.completions.create(model="tiny", prompt=PROMPT, user="stop-ids",
-                                  extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]}, **GREEDY)
+    r = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        user="stop-ids",
+        extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]},
+        **GREEDY,
+    )
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens == first + 1  # the stop token counts, its text is left out (vLLM)
     assert r.choices[0].text == byte_text(ids[:first])
@@ -157,14 +193,20 @@ def test_stop_token_ids_end_at_the_first_such_token_even_with_ignore_eos(server,
 # -- several prompts, n, echo ---------------------------------------------------------------------
 def test_several_prompts_and_n_number_the_choices_prompt_major(server, client):
     prompts = [[1, 9, 8, 7], [1, 50, 60]]
-    singles = [client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
-               for p in prompts]
-    r = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    singles = [
+        client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+        for p in prompts
+    ]
+    r = client.completions.create(
+        model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert [c.text for c in r.choices] == [singles[0].choices[0].text] * 2 + [singles[1].choices[0].text] * 2
     assert r.usage.prompt_tokens == 4 + 3  # each prompt once
     assert r.usage.completion_tokens == 4 * 6
-    texts = client.completions.create(model="tiny", prompt=["ab", "cd"], max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    texts = client.completions.create(
+        model="tiny", prompt=["ab", "cd"], max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert len(texts.choices) == 2 and texts.usage.prompt_tokens == 3 + 3
     server.wait_idle()
 
@@ -193,7 +235,10 @@ def test_echo_puts_the_prompt_before_the_completion(server, client):
     plain = client.completions.create(prompt=ids, **kw).choices[0].text
     assert client.completions.create(prompt=ids, echo=True, **kw).choices[0].text == "Hi" + plain
     chunks = list(client.completions.create(prompt="Hello", echo=True, stream=True, **kw))
-    assert "".join(c.choices[0].text for c in chunks) == "Hello" + client.completions.create(prompt="Hello", **kw).choices[0].text
+    assert (
+        "".join(c.choices[0].text for c in chunks)
+        == "Hello" + client.completions.create(prompt="Hello", **kw).choices[0].text
+    )
 
 
 def test_disconnecting_from_an_n_3_stream_aborts_all_three(server):
@@ -230,40 +275,51 @@ def test_one_refused_sequence_ends_the_others(tmp_path):
     with running_server(pool_tokens=POOL, clients_file=str(clients)) as srv:
         client = OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
         with pytest.raises(RateLimitError):
-            client.completions.create(model="tiny", prompt=[1, 2], n=3, max_tokens=50, user="greedy", extra_body={"ignore_eos": True})
+            client.completions.create(
+                model="tiny", prompt=[1, 2], n=3, max_tokens=50, user="greedy", extra_body={"ignore_eos": True}
+            )
         m = srv.wait_idle()
         assert m['slora_requests_rejected_total{client="greedy"}'] == 1
-        assert m['slora_requests_aborted_total{client="greedy"}'] + m['slora_requests_finished_total{client="greedy"}'] == 2
+        assert (
+            m['slora_requests_aborted_total{client="greedy"}'] + m['slora_requests_finished_total{client="greedy"}']
+            == 2
+        )
 
 
 # -- refused by name ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("body, expected", [
-    ({"prompt": "x", "n": 2, "best_of": 1}, "best_of (1) must be at least n (2)"),
-    ({"prompt": "x", "best_of": 3, "stream": True}, "'best_of' greater than 'n' cannot be streamed"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "'echo' with 'logprobs' is not supported"),
-    ({"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
-    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop strings"),
-    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty: Input should be less than or equal to 2"),
-    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty: Input should be greater than or equal to -2"),
-    ({"prompt": "x", "repetition_penalty": -1}, "repetition_penalty: Input should be greater than 0"),
-    ({"prompt": "x", "seed": 2**64}, "seed: Input should be less than"),
-    ({"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
-    ({"prompt": ["a"] * 33, "n": 2}, "33 prompts x 2 sequences each is more than 64"),
-    ({"prompt": "x", "stop_token_ids": [1, -1]}, "stop_token_ids: token id -1 is outside"),
-    ({"prompt": "x", "suffix": "!"}, "'suffix' is not supported"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"prompt": "x", "n": 2, "best_of": 1}, "best_of (1) must be at least n (2)"),
+        ({"prompt": "x", "best_of": 3, "stream": True}, "'best_of' greater than 'n' cannot be streamed"),
+        ({"prompt": "x", "echo": True, "logprobs": 1}, "'echo' with 'logprobs' is not supported"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+        ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop strings"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty: Input should be less than or equal to 2"),
+        ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty: Input should be greater than or equal to -2"),
+        ({"prompt": "x", "repetition_penalty": -1}, "repetition_penalty: Input should be greater than 0"),
+        ({"prompt": "x", "seed": 2**64}, "seed: Input should be less than"),
+        ({"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
+        ({"prompt": ["a"] * 33, "n": 2}, "33 prompts x 2 sequences each is more than 64"),
+        ({"prompt": "x", "stop_token_ids": [1, -1]}, "stop_token_ids: token id -1 is outside"),
+        ({"prompt": "x", "suffix": "!"}, "'suffix' is not supported"),
+    ],
+)
 def test_bad_feature_values_get_a_400_naming_the_field(server, body, expected):
     r = httpx2.post(f"{server.url}/v1/completions", json=body)
     assert r.status_code == 400, r.text
     assert expected in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, expected", [
-    ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs: Input should be less than or equal to 20"),
-    ({"best_of": 2}, "'best_of' is not supported"),
-    ({"echo": True}, "'echo' is not supported"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs: Input should be less than or equal to 20"),
+        ({"best_of": 2}, "'best_of' is not supported"),
+        ({"echo": True}, "'echo' is not supported"),
+    ],
+)
 def test_bad_chat_feature_values(server, body, expected):
     r = httpx2.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **body})
     assert r.status_code == 400, r.text
@@ -271,12 +327,30 @@ def test_bad_chat_feature_values(server, body, expected):
 
 
 def test_null_means_not_given(server):
-    body = {"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True, "n": None, "logprobs": None, "stop": None, "seed": None,
-            "presence_penalty": None, "best_of": None, "echo": None}
+    body = {
+        "prompt": [1, 2],
+        "max_tokens": 2,
+        "ignore_eos": True,
+        "n": None,
+        "logprobs": None,
+        "stop": None,
+        "seed": None,
+        "presence_penalty": None,
+        "best_of": None,
+        "echo": None,
+    }
     r = httpx2.post(f"{server.url}/v1/completions", json=body)
     assert r.status_code == 200 and len(r.json()["choices"]) == 1 and r.json()["choices"][0]["logprobs"] is None
-    r = httpx2.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                                                               "logprobs": None, "top_logprobs": None, "n": None})
+    r = httpx2.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2,
+            "logprobs": None,
+            "top_logprobs": None,
+            "n": None,
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -313,28 +387,43 @@ HF_PROMPT = [1, 20, 30, 40, 50]
 
 def test_completion_logprobs_zero_and_k_match_transformers(hf):
     srv, model, client = hf
-    r = client.completions.create(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=0,
-                                  extra_body=AS_IDS)
+    r = client.completions.create(
+        model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=0, extra_body=AS_IDS
+    )
     lp = r.choices[0].logprobs
     assert lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
     ref_ids = _greedy_ids(model, HF_PROMPT, 6)
     assert ids_of(lp.tokens) == ref_ids
     ref = reference_logprobs(model, HF_PROMPT, ref_ids)
     assert lp.token_logprobs == pytest.approx([ref[i, t].item() for i, t in enumerate(ref_ids)], abs=1e-3)
-    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]  # logprobs 0: the chosen token alone
+    assert lp.top_logprobs == [
+        {t: v} for t, v in zip(lp.tokens, lp.token_logprobs)
+    ]  # logprobs 0: the chosen token alone
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
-    r3 = client.completions.create(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=3,
-                                   extra_body=AS_IDS)
+    r3 = client.completions.create(
+        model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=3, extra_body=AS_IDS
+    )
     for i, top in enumerate(r3.choices[0].logprobs.top_logprobs):
         best3 = ref[i].topk(3)
         # greedy: the chosen token is the most likely, so "chosen + the 3 most likely" has 3 entries
         assert ids_of(list(top)) == best3.indices.tolist()
         assert list(top.values()) == pytest.approx(best3.values.tolist(), abs=1e-3)
-    chunks = list(client.completions.create(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=6, temperature=0, logprobs=3,
-                                            stream=True, extra_body=AS_IDS))
+    chunks = list(
+        client.completions.create(
+            model=srv.ctx.model_name,
+            prompt=HF_PROMPT,
+            max_tokens=6,
+            temperature=0,
+            logprobs=3,
+            stream=True,
+            extra_body=AS_IDS,
+        )
+    )
     parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
     assert [t for p in parts for t in p.tokens] == r3.choices[0].logprobs.tokens
-    assert [o for p in parts for o in p.text_offset] == r3.choices[0].logprobs.text_offset  # offsets run on across chunks
+    assert [o for p in parts for o in p.text_offset] == r3.choices[
+        0
+    ].logprobs.text_offset  # offsets run on across chunks
     assert [t for p in parts for t in p.top_logprobs] == r3.choices[0].logprobs.top_logprobs
     srv.wait_idle()
 
@@ -349,8 +438,15 @@ def _greedy_ids(model, prompt: list[int], new: int) -> list[int]:
 def test_chat_logprobs_and_top_logprobs_match_transformers(hf):
     srv, model, client = hf
     messages = [{"role": "user", "content": "hi"}]
-    r = client.chat.completions.create(model=srv.ctx.model_name, messages=messages, max_tokens=4, temperature=0, logprobs=True,
-                                       top_logprobs=2, extra_body=AS_IDS)
+    r = client.chat.completions.create(
+        model=srv.ctx.model_name,
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body=AS_IDS,
+    )
     content = r.choices[0].logprobs.content
     prompt = srv.ctx.tokenizer.chat_prompt([("user", "hi")])
     out = _greedy_ids(model, prompt, 4)
@@ -362,8 +458,17 @@ def test_chat_logprobs_and_top_logprobs_match_transformers(hf):
         assert entry.bytes == list(entry.token.encode("utf-8"))
         assert ids_of([t.token for t in entry.top_logprobs]) == ref[i].topk(2).indices.tolist()
         assert [t.logprob for t in entry.top_logprobs] == pytest.approx(ref[i].topk(2).values.tolist(), abs=1e-3)
-    streamed = list(client.chat.completions.create(model=srv.ctx.model_name, messages=messages, max_tokens=4, temperature=0,
-                                                   logprobs=True, stream=True, extra_body={"ignore_eos": True}))
+    streamed = list(
+        client.chat.completions.create(
+            model=srv.ctx.model_name,
+            messages=messages,
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in content], abs=1e-6)
     assert all(e.top_logprobs == [] for e in entries)
@@ -372,7 +477,9 @@ def test_chat_logprobs_and_top_logprobs_match_transformers(hf):
 
 def test_seed_reproduces_and_sequence_j_uses_seed_plus_j(hf):
     srv, _, client = hf
-    kw = dict(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=12, temperature=1.0, extra_body={"ignore_eos": True})
+    kw = dict(
+        model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=12, temperature=1.0, extra_body={"ignore_eos": True}
+    )
     a = client.completions.create(seed=1234, **kw).choices[0].text
     assert client.completions.create(seed=1234, **kw).choices[0].text == a
     b = client.completions.create(seed=1235, **kw).choices[0].text
@@ -384,7 +491,9 @@ def test_seed_reproduces_and_sequence_j_uses_seed_plus_j(hf):
 
 def test_best_of_returns_the_sequences_with_the_highest_cumulative_logprob(hf):
     srv, _, client = hf
-    kw = dict(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    kw = dict(
+        model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True}
+    )
     singles = [client.completions.create(seed=77 + j, logprobs=0, **kw).choices[0] for j in range(4)]
     ranked = sorted(singles, key=lambda c: sum(c.logprobs.token_logprobs), reverse=True)
     r = client.completions.create(seed=77, n=2, best_of=4, **kw)
@@ -416,7 +525,13 @@ def test_penalties_match_a_hand_written_reference(hf, penalty):
     assert expected != _greedy_ids(model, HF_PROMPT, 10)  # the test means something: the penalty changes the output
     field = {"presence": "presence_penalty", "frequency": "frequency_penalty", "repetition": "repetition_penalty"}
     body = {field[k]: v for k, v in penalty.items()}
-    r = client.completions.create(model=srv.ctx.model_name, prompt=HF_PROMPT, max_tokens=10, temperature=0, logprobs=0,
-                                  extra_body={**AS_IDS, **body})
+    r = client.completions.create(
+        model=srv.ctx.model_name,
+        prompt=HF_PROMPT,
+        max_tokens=10,
+        temperature=0,
+        logprobs=0,
+        extra_body={**AS_IDS, **body},
+    )
     assert ids_of(r.choices[0].logprobs.tokens) == expected
     srv.wait_idle()

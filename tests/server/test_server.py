@@ -30,7 +30,9 @@ def text_prompt_tokens(text: str) -> int:
 
 # -- OpenAI API --------------------------------------------------------------------------------
 def test_completion_usage_and_text(client):
-    r = client.completions.create(model="tiny", prompt="Hello, wörld", max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="tiny", prompt="Hello, wörld", max_tokens=7, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.object == "text_completion" and r.model == "tiny"
     assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens == text_prompt_tokens("Hello, wörld")
@@ -49,13 +51,26 @@ def test_streamed_text_equals_whole_text(client):
 
 
 def test_chat_and_chat_stream(client):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens == 5
     assert r.usage.prompt_tokens == text_prompt_tokens("system: be brief\nuser: hi\nassistant:")
-    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=5, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_completion_tokens=5,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "length"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
@@ -74,8 +89,14 @@ def test_models_health_and_metrics(server, client):
     health = httpx2.get(f"{server.url}/health").json()
     assert health == {"status": "ok", "model": "tiny", "scheduler": "vtc", "pool_tokens": POOL}
     before = server.per_client("served_output_tokens").get("metrics-probe", 0)
-    client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0, user="metrics-probe",
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model="tiny",
+        prompt=[1, 2, 3],
+        max_tokens=4,
+        temperature=0,
+        user="metrics-probe",
+        extra_body={"ignore_eos": True},
+    )
     m = server.wait_idle()
     assert m['slora_served_output_tokens_total{client="metrics-probe"}'] == before + 4
     assert m['slora_served_input_tokens_total{client="metrics-probe"}'] >= 3
@@ -93,42 +114,64 @@ def test_generate_and_generate_stream(server):
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
     tokens, final = events[:-1], events[-1]
     assert len(tokens) == 6 and not any(e["finished"] for e in tokens)
-    assert final["finished"] and final["details"] == {"finish_reason": "length", "prompt_tokens": 3, "generated_tokens": 6}
+    assert final["finished"] and final["details"] == {
+        "finish_reason": "length",
+        "prompt_tokens": 3,
+        "generated_tokens": 6,
+    }
     assert final["generated_text"] == whole["generated_text"][0]
 
 
 def test_generate_text_input_with_client_header(server):
-    r = httpx2.post(f"{server.url}/generate", json={"inputs": "abc", "parameters": {"max_new_tokens": 2, "ignore_eos": True}},
-                    headers={"X-Client-Id": "header-client"})
+    r = httpx2.post(
+        f"{server.url}/generate",
+        json={"inputs": "abc", "parameters": {"max_new_tokens": 2, "ignore_eos": True}},
+        headers={"X-Client-Id": "header-client"},
+    )
     assert r.status_code == 200 and r.json()["prompt_tokens"] == 4
     assert server.per_client("requests_finished_total").get("header-client") == 1
 
 
 # -- bad input ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("body, expected", [
-    ("{not json", "not valid JSON"),
-    ('{"max_tokens": 3}', "prompt: Field required"),
-    ('{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
-    ('{"prompt": "x", "max_tokens": -5}', "max_tokens: Input should be greater than 0"),
-    ('{"prompt": 12}', "prompt: must be a string or a list of token ids"),
-    ('{"prompt": "x", "suffix": "y"}', "'suffix' is not supported"),
-    ('{"prompt": "x", "logit_bias": {"5": 1}}', "'logit_bias' is not supported"),
-    ('{"prompt": [1, 300]}', "token id 300 is outside the model's vocabulary"),
-    ('{"prompt": []}', "the prompt is empty"),
-    ('{"prompt": "x", "max_tokens": 1998}', "can never fit the memory pool of 2000 tokens: at most 1997 new tokens"),
-    ('{"prompt": "%s"}' % ("y" * 2500), "the prompt (2501 tokens) is too long for the memory pool of 2000 tokens"),
-    ('{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "max_tokens": 4090}', "exceeds the model's context of 4096 tokens"),
-    ('{"prompt": ["a", [[1]]]}', "prompt: must be a string or a list of token ids"),
-    ('{"prompt": [[[1]]], "max_tokens": 4}', "prompt: must be a string or a list of token ids"),
-    ('{"prompt": "\\ud800"}', "prompt: must be valid Unicode text (it holds a lone surrogate)"),
-    ('{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
-    ('{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
-    ('{"prompt": "x", "stop_token_ids": [5000]}', "stop_token_ids: token id 5000 is outside the model's vocabulary"),
-    ('{"prompt": "x", "min_p": 0.1}', "'min_p' is not supported"),
-    ('{"prompt": "x", "min_tokens": 3}', "'min_tokens' is not supported"),
-    ('{"prompt": "x", "repetition_penalty": 0}', "repetition_penalty: Input should be greater than 0"),
-    ('{"prompt": "x", "repetition_penalty": 1.0, "min_p": 0, "stop_token_ids": [], "max_tokens": 1, "ignore_eos": true}', None),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"max_tokens": 3}', "prompt: Field required"),
+        ('{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
+        ('{"prompt": "x", "max_tokens": -5}', "max_tokens: Input should be greater than 0"),
+        ('{"prompt": 12}', "prompt: must be a string or a list of token ids"),
+        ('{"prompt": "x", "suffix": "y"}', "'suffix' is not supported"),
+        ('{"prompt": "x", "logit_bias": {"5": 1}}', "'logit_bias' is not supported"),
+        ('{"prompt": [1, 300]}', "token id 300 is outside the model's vocabulary"),
+        ('{"prompt": []}', "the prompt is empty"),
+        (
+            '{"prompt": "x", "max_tokens": 1998}',
+            "can never fit the memory pool of 2000 tokens: at most 1997 new tokens",
+        ),
+        ('{"prompt": "%s"}' % ("y" * 2500), "the prompt (2501 tokens) is too long for the memory pool of 2000 tokens"),
+        (
+            '{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "max_tokens": 4090}',
+            "exceeds the model's context of 4096 tokens",
+        ),
+        ('{"prompt": ["a", [[1]]]}', "prompt: must be a string or a list of token ids"),
+        ('{"prompt": [[[1]]], "max_tokens": 4}', "prompt: must be a string or a list of token ids"),
+        ('{"prompt": "\\ud800"}', "prompt: must be valid Unicode text (it holds a lone surrogate)"),
+        ('{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
+        ('{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
+        (
+            '{"prompt": "x", "stop_token_ids": [5000]}',
+            "stop_token_ids: token id 5000 is outside the model's vocabulary",
+        ),
+        ('{"prompt": "x", "min_p": 0.1}', "'min_p' is not supported"),
+        ('{"prompt": "x", "min_tokens": 3}', "'min_tokens' is not supported"),
+        ('{"prompt": "x", "repetition_penalty": 0}', "repetition_penalty: Input should be greater than 0"),
+        (
+            '{"prompt": "x", "repetition_penalty": 1.0, "min_p": 0, "stop_token_ids": [], "max_tokens": 1, "ignore_eos": true}',
+            None,
+        ),
+    ],
+)
 def test_bad_completion_requests_get_400_with_a_clear_message(server, body, expected):
     r = httpx2.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
     if expected is None:  # the "not used" values of refused fields are fine
@@ -138,11 +181,14 @@ def test_bad_completion_requests_get_400_with_a_clear_message(server, body, expe
     assert expected in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, expected", [
-    ({"messages": []}, "messages: List should have at least 1 item"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"messages": []}, "messages: List should have at least 1 item"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+    ],
+)
 def test_bad_chat_requests(server, body, expected):
     r = httpx2.post(f"{server.url}/v1/chat/completions", json=body)
     assert r.status_code == 400 and expected in r.json()["error"]["message"]
@@ -164,7 +210,12 @@ def test_bad_generate_requests(server):
 def test_openai_client_raises_on_a_bad_request_and_the_server_keeps_serving(server, client):
     with pytest.raises(BadRequestError, match="can never fit the memory pool"):
         client.completions.create(model="tiny", prompt=[1] * 1500, max_tokens=600)
-    assert client.completions.create(model="tiny", prompt="ok", max_tokens=2, extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+    assert (
+        client.completions.create(
+            model="tiny", prompt="ok", max_tokens=2, extra_body={"ignore_eos": True}
+        ).usage.completion_tokens
+        == 2
+    )
     server.wait_idle()
 
 
@@ -193,19 +244,25 @@ def test_disconnect_mid_stream_aborts_and_frees_the_pool(server):
 
 def test_disconnect_while_queued_and_while_running(server):
     """A long request holds the pool; a second one waits; both clients leave (the waiter first); nothing is left."""
+
     async def scenario():
         async with httpx2.AsyncClient(timeout=30) as http:
             long = {"inputs": [1, 2, 3], "parameters": {"max_new_tokens": 1990, "ignore_eos": True}}
-            async with http.stream("POST", f"{server.url}/generate_stream", json=long, headers={"X-Client-Id": "hog"}) as r1:
+            async with http.stream(
+                "POST", f"{server.url}/generate_stream", json=long, headers={"X-Client-Id": "hog"}
+            ) as r1:
                 lines = r1.aiter_lines()  # keep it: a collected iterator closes the response
                 await anext(lines)
                 queued = {"inputs": [1, 2], "parameters": {"max_new_tokens": 1000}}  # cannot run beside the hog
-                async with http.stream("POST", f"{server.url}/generate_stream", json=queued, headers={"X-Client-Id": "waiter"}) as r2:
+                async with http.stream(
+                    "POST", f"{server.url}/generate_stream", json=queued, headers={"X-Client-Id": "waiter"}
+                ) as r2:
                     assert r2.status_code == 200
                     wait = server.per_client("client_waiting")
                     assert wait.get("waiter") == 1
                 # the waiter leaves first; had the hog's departure been noticed first, the waiter would be admitted into the freed pool
                 await asyncio.to_thread(wait_for, lambda: aborted(server, "waiter") == 1)
+
     asyncio.run(scenario())
     wait_for(lambda: aborted(server, "waiter") == 1 and aborted(server, "hog") == 1)
     m = server.wait_idle()
@@ -216,15 +273,22 @@ def test_disconnect_while_queued_and_while_running(server):
 def test_non_streaming_client_that_gives_up_is_aborted(server):
     # 1990 tokens take the tiny model over 0.6 s even alone on a fast CPU: the client leaves first
     with pytest.raises(httpx2.ReadTimeout):
-        httpx2.post(f"{server.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1990, "ignore_eos": True, "user": "impatient"},
-                    timeout=httpx2.Timeout(0.2))
+        httpx2.post(
+            f"{server.url}/v1/completions",
+            json={"prompt": [1, 2], "max_tokens": 1990, "ignore_eos": True, "user": "impatient"},
+            timeout=httpx2.Timeout(0.2),
+        )
     wait_for(lambda: aborted(server, "impatient") == 1)
     server.wait_idle()
 
 
 def test_unknown_paths_and_methods_answer_in_openai_error_shape(server):
     r = httpx2.get(f"{server.url}/v1/nope")
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error" and r.json()["error"]["message"] == "Not Found"
+    assert (
+        r.status_code == 404
+        and r.json()["error"]["type"] == "not_found_error"
+        and r.json()["error"]["message"] == "Not Found"
+    )
     r = httpx2.get(f"{server.url}/v1/completions")
     assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert "POST" in r.headers["allow"]

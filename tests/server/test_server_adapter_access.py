@@ -37,13 +37,21 @@ def write(tmp_path, text: str) -> str:
 
 def generate(url: str, lora_dir: str | None, key: str | None = None) -> httpx2.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx2.post(f"{url}/generate", json={"inputs": [1, 2, 3], "lora_dir": lora_dir, "parameters": {"max_new_tokens": 2}},
-                       headers=headers, timeout=60)
+    return httpx2.post(
+        f"{url}/generate",
+        json={"inputs": [1, 2, 3], "lora_dir": lora_dir, "parameters": {"max_new_tokens": 2}},
+        headers=headers,
+        timeout=60,
+    )
 
 
 def completion(url: str, model: str, key: str) -> httpx2.Response:
-    return httpx2.post(f"{url}/v1/completions", json={"model": model, "prompt": [1, 2], "max_tokens": 2},
-                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    return httpx2.post(
+        f"{url}/v1/completions",
+        json={"model": model, "prompt": [1, 2], "max_tokens": 2},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
 
 
 def assert_error(r: httpx2.Response, status: int, kind: str, words: str) -> None:
@@ -52,7 +60,9 @@ def assert_error(r: httpx2.Response, status: int, kind: str, words: str) -> None
     assert error["type"] == kind and words in error["message"]
 
 
-@pytest.mark.parametrize("lora_dir", ["{tmp}/dummy-0", "/tmp/adapters/dummy-0", "dummy-0/../dummy-1", "./dummy-0", "nope"])
+@pytest.mark.parametrize(
+    "lora_dir", ["{tmp}/dummy-0", "/tmp/adapters/dummy-0", "dummy-0/../dummy-1", "./dummy-0", "nope"]
+)
 def test_a_lora_dir_that_is_a_path_or_unknown_gets_400_and_loads_nothing(tmp_path, lora_dir):
     (tmp_path / "dummy-0").mkdir()  # a real folder of that name changes nothing: lora_dir is a name
     with running_server(pool_tokens=2000, dummy_adapters=2) as srv:
@@ -79,13 +89,18 @@ def test_with_keys_a_client_names_only_the_adapters_its_entry_allows(tmp_path):
         assert generate(srv.url, None, "key-a").status_code == 200  # alice's own adapter, unnamed
         m = srv.wait_idle()
     served = sum(len(a) for a in MAY.values()) * 2 + 1
-    assert sum(v for k, v in m.items() if k.startswith("slora_requests_finished_total")) == served  # the refused never reached the engine
+    assert (
+        sum(v for k, v in m.items() if k.startswith("slora_requests_finished_total")) == served
+    )  # the refused never reached the engine
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[clients.a]\nadapters = 'dummy-0'", "adapters must be a list of adapter names"),
-    ("[default]\nadapters = ['']", "adapters must be a list of adapter names"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[clients.a]\nadapters = 'dummy-0'", "adapters must be a list of adapter names"),
+        ("[default]\nadapters = ['']", "adapters must be a list of adapter names"),
+    ],
+)
 def test_bad_adapters_lists_are_refused(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
         load_clients(write(tmp_path, text))
@@ -93,5 +108,7 @@ def test_bad_adapters_lists_are_refused(tmp_path, text, message):
 
 def test_an_adapters_list_naming_an_adapter_the_server_lacks_is_refused(tmp_path):
     path = write(tmp_path, "[default]\nadapters = ['dummy-5']\n")
-    with pytest.raises(UserError, match=r"\[default\] uses LoRA adapter 'dummy-5', which this server does not have \(known: dummy-0\)"):
+    with pytest.raises(
+        UserError, match=r"\[default\] uses LoRA adapter 'dummy-5', which this server does not have \(known: dummy-0\)"
+    ):
         build_context(ServerConfig(clients_file=path, pool_tokens=2000, dummy_adapters=1))

@@ -21,7 +21,9 @@ from slora_vtc.server.bench import BenchConfig, run_bench
 
 # -- bench-http ----------------------------------------------------------------------------------
 def write_trace(path, rows):
-    path.write_text("".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), r))) + "\n" for r in rows))
+    path.write_text(
+        "".join(json.dumps(dict(zip(("client", "prompt_len", "output_len", "req_time"), r))) + "\n" for r in rows)
+    )
     return path
 
 
@@ -34,7 +36,9 @@ def test_bench_http_replays_a_trace(tmp_path):
         assert main(["bench-http", str(trace), "--url", srv.url, "--out", str(out)]) == 0
         srv.wait_idle()
     (result,) = read_results(out)
-    assert result.config["scheduler"] == "vtc" and result.config["pool_tokens"] == 1000 and result.config["duration"] == 1
+    assert (
+        result.config["scheduler"] == "vtc" and result.config["pool_tokens"] == 1000 and result.config["duration"] == 1
+    )
     statuses = [r.status for r in result.responses]
     assert statuses.count("rejected") == 1 and statuses.count("finished") == 12
     for resp, (client, prompt, output, t) in zip(result.responses, rows):
@@ -56,7 +60,10 @@ def test_bench_http_where_every_request_fails_says_why(tmp_path, capsys):
         assert code == 2 and len(err) == 1
         assert "none of the 3 requests finished: 3 got HTTP 401 (missing API key" in err[0]
         assert not (tmp_path / "r.jsonl").exists()
-        assert main(["bench-http", str(trace), "--url", srv.url, "--out", str(tmp_path / "r.jsonl"), "--clients", clients]) == 0
+        assert (
+            main(["bench-http", str(trace), "--url", srv.url, "--out", str(tmp_path / "r.jsonl"), "--clients", clients])
+            == 0
+        )
         srv.wait_idle()
     assert read_results(tmp_path / "r.jsonl")[0].count("finished") == 3
 
@@ -80,7 +87,19 @@ def free_port() -> int:
 
 def start_server(port: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "slora_vtc", "serve", "--port", str(port), "--pool-tokens", "3000", "--drain-timeout", "1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slora_vtc",
+        "serve",
+        "--port",
+        str(port),
+        "--pool-tokens",
+        "3000",
+        "--drain-timeout",
+        "1",
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

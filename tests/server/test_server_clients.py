@@ -54,16 +54,19 @@ def test_identity_without_keys():
     assert clients.identify(None, None, None).name == ANONYMOUS
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[clients.a]\nweight = 0", "weight must be a positive number"),
-    ("[clients.a]\nrpm = 1.5", "rpm must be a positive integer"),
-    ("[clients.a]\ncolour = 'red'", "unknown key 'colour'"),
-    ("[default]\nweight = 2", "unknown key 'weight'"),
-    ("[clients.a]\napi_key = 'k'\n[clients.b]\napi_key = 'k'", "share an api_key"),
-    ("[servers]\nx = 1", "unknown table 'servers'"),
-    ("[clients.a\n", "not a valid TOML file"),
-    ("clients = 3", "must be a table"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[clients.a]\nweight = 0", "weight must be a positive number"),
+        ("[clients.a]\nrpm = 1.5", "rpm must be a positive integer"),
+        ("[clients.a]\ncolour = 'red'", "unknown key 'colour'"),
+        ("[default]\nweight = 2", "unknown key 'weight'"),
+        ("[clients.a]\napi_key = 'k'\n[clients.b]\napi_key = 'k'", "share an api_key"),
+        ("[servers]\nx = 1", "unknown table 'servers'"),
+        ("[clients.a\n", "not a valid TOML file"),
+        ("clients = 3", "must be a table"),
+    ],
+)
 def test_bad_clients_files(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
         load_clients(write(tmp_path, text))
@@ -112,8 +115,9 @@ def test_unknown_or_missing_key_gets_401(keyed):
 
 
 def test_key_decides_the_client_weight_and_adapter(keyed):
-    r = openai_client(keyed, "key-a").completions.create(model="tiny", prompt=[1, 2, 3, 4], max_tokens=5, user="mallory",
-                                                         extra_body={"ignore_eos": True})
+    r = openai_client(keyed, "key-a").completions.create(
+        model="tiny", prompt=[1, 2, 3, 4], max_tokens=5, user="mallory", extra_body={"ignore_eos": True}
+    )
     assert r.usage.completion_tokens == 5
     m = keyed.wait_idle()
     assert 'slora_requests_finished_total{client="mallory"}' not in m
@@ -129,7 +133,10 @@ def test_rpm_limit_gets_429_and_other_clients_are_served(keyed):
         bob.completions.create(model="tiny", prompt="x", max_tokens=1)
     with pytest.raises(RateLimitError, match="rate limit"):
         bob.completions.create(model="tiny", prompt="x", max_tokens=1)
-    assert openai_client(keyed, "key-a").completions.create(model="tiny", prompt="x", max_tokens=1).usage.completion_tokens == 1
+    assert (
+        openai_client(keyed, "key-a").completions.create(model="tiny", prompt="x", max_tokens=1).usage.completion_tokens
+        == 1
+    )
     m = keyed.wait_idle()
     assert m['slora_requests_rejected_total{client="bob"}'] == 1
     assert m['slora_requests_admitted_total{client="bob"}'] == 2
@@ -137,8 +144,11 @@ def test_rpm_limit_gets_429_and_other_clients_are_served(keyed):
 
 def test_adapter_request_that_can_never_fit_names_the_adapter(keyed):
     # 10 + 1930 tokens fit a pool of 2000, but not beside alice's adapter (64 slots)
-    r = httpx2.post(f"{keyed.url}/generate", json={"inputs": [1] * 10, "parameters": {"max_new_tokens": 1930}},
-                    headers={"Authorization": "Bearer key-a"})
+    r = httpx2.post(
+        f"{keyed.url}/generate",
+        json={"inputs": [1] * 10, "parameters": {"max_new_tokens": 1930}},
+        headers={"Authorization": "Bearer key-a"},
+    )
     assert r.status_code == 400 and "for the LoRA adapter" in r.json()["error"]["message"]
 
 
@@ -150,6 +160,11 @@ def test_a_clients_file_naming_an_adapter_the_server_lacks_is_refused(tmp_path):
 
 
 def test_generate_naming_an_unknown_lora_dir_gets_400(keyed):
-    r = httpx2.post(f"{keyed.url}/generate", json={"inputs": "x", "lora_dir": "/some/folder", "parameters": {"max_new_tokens": 2}},
-                    headers={"Authorization": "Bearer key-b"})
-    assert r.status_code == 400 and "unknown LoRA adapter '/some/folder' (known: dummy-0)" in r.json()["error"]["message"]
+    r = httpx2.post(
+        f"{keyed.url}/generate",
+        json={"inputs": "x", "lora_dir": "/some/folder", "parameters": {"max_new_tokens": 2}},
+        headers={"Authorization": "Bearer key-b"},
+    )
+    assert (
+        r.status_code == 400 and "unknown LoRA adapter '/some/folder' (known: dummy-0)" in r.json()["error"]["message"]
+    )

@@ -16,7 +16,13 @@ LEAVER_TOKENS = 300  # long enough to be running still when the hang-up reaches 
 
 async def one(http: httpx2.AsyncClient, url: str, client: str, k: int) -> str:
     max_tokens = LEAVER_TOKENS if client in LEAVERS else 8 + k
-    body = {"prompt": [1] + [3 + k] * (4 + k), "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "user": client}
+    body = {
+        "prompt": [1] + [3 + k] * (4 + k),
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "user": client,
+    }
     async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
         if r.status_code == 429:
             return "rejected"

@@ -26,7 +26,7 @@ BUILD = BuildInfo("0", "vtc", "sim")
 def series(values: dict[str, float], name: str) -> dict[str, float]:
     """client -> value of the series `name{client="..."}` (single-label families)."""
     prefix = f'{name}{{client="'
-    return {k[len(prefix):-2]: v for k, v in values.items() if k.startswith(prefix) and k.endswith('"}')}
+    return {k[len(prefix) : -2]: v for k, v in values.items() if k.startswith(prefix) and k.endswith('"}')}
 
 
 # -- the engine service on simulated time: every number worked out by hand ---------------------------
@@ -64,7 +64,9 @@ def test_latency_histograms_counters_shares_and_jain_by_hand():
     # a: admitted at 0, first token 0.4, then 0.6, 0.8 (ends). b: admitted 0.8, tokens 1.2, 1.4, 1.6 (ends).
     service, _ = sim_service(pool=10)
     service.start()
-    ends = serve_all(service, [Request("a", 2, 3, 0.0, prompt_ids=[1, 2]), Request("b", 4, 3, 0.0, prompt_ids=[1, 2, 3, 4])])
+    ends = serve_all(
+        service, [Request("a", 2, 3, 0.0, prompt_ids=[1, 2]), Request("b", 4, 3, 0.0, prompt_ids=[1, 2, 3, 4])]
+    )
     m = scrape(service)
     service.shutdown()
     assert [e.finish_reason for e in ends] == ["length", "length"]
@@ -72,7 +74,9 @@ def test_latency_histograms_counters_shares_and_jain_by_hand():
     assert m[f'{hist}_bucket{{client="a",le="0.25"}}'] == 0 and m[f'{hist}_bucket{{client="a",le="0.5"}}'] == 1
     assert m[f'{hist}_bucket{{client="b",le="1.0"}}'] == 0 and m[f'{hist}_bucket{{client="b",le="2.5"}}'] == 1
     assert m[f'{hist}_sum{{client="a"}}'] == pytest.approx(0.4) and m[f'{hist}_sum{{client="b"}}'] == pytest.approx(1.2)
-    assert m['slora_queue_time_seconds_sum{client="a"}'] == 0 and m['slora_queue_time_seconds_sum{client="b"}'] == pytest.approx(0.8)
+    assert m['slora_queue_time_seconds_sum{client="a"}'] == 0 and m[
+        'slora_queue_time_seconds_sum{client="b"}'
+    ] == pytest.approx(0.8)
     assert m['slora_e2e_request_latency_seconds_sum{client="a"}'] == pytest.approx(0.8)
     assert m['slora_e2e_request_latency_seconds_sum{client="b"}'] == pytest.approx(1.6)
     gap = "slora_inter_token_latency_seconds"
@@ -174,7 +178,12 @@ def test_jain_index_over_the_window_by_hand():
 
 # -- over HTTP ----------------------------------------------------------------------------------------------
 def complete(url: str, client: str, **body) -> httpx2.Response:
-    return httpx2.post(f"{url}/v1/completions", json={"prompt": "hi there", "max_tokens": 2, **body}, headers={"X-Client-Id": client}, timeout=30)
+    return httpx2.post(
+        f"{url}/v1/completions",
+        json={"prompt": "hi there", "max_tokens": 2, **body},
+        headers={"X-Client-Id": client},
+        timeout=30,
+    )
 
 
 def test_http_statuses_by_route_template_and_build_and_process_info():

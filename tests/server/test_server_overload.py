@@ -47,7 +47,9 @@ async def flood(url: str, watch=None) -> list[tuple[str, str]]:
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
         watcher = asyncio.create_task(watch(http)) if watch else None
-        outcomes = await asyncio.gather(*(one(http, url, f"c{i}", k) for k in range(PER_CLIENT) for i in range(CLIENTS)))
+        outcomes = await asyncio.gather(
+            *(one(http, url, f"c{i}", k) for k in range(PER_CLIENT) for i in range(CLIENTS))
+        )
         if watcher:
             watcher.cancel()
         return outcomes
@@ -72,7 +74,11 @@ def rate_limit_check(url: str, extra: int) -> None:
     """LIMITED_RPM requests pass, the next ones get a 429 with Retry-After of 60 / rpm seconds."""
     statuses = []
     for k in range(LIMITED_RPM + extra):
-        r = httpx2.post(f"{url}/v1/completions", json={**body(k), "stream": False, "max_tokens": 2}, headers={"X-Client-Id": LIMITED})
+        r = httpx2.post(
+            f"{url}/v1/completions",
+            json={**body(k), "stream": False, "max_tokens": 2},
+            headers={"X-Client-Id": LIMITED},
+        )
         statuses.append(r.status_code)
         if r.status_code == 429:
             assert r.headers["retry-after"] == "12" and r.json()["error"]["type"] == "rate_limit_error"
@@ -92,7 +98,9 @@ def test_beyond_max_inflight_requests_get_503_with_retry_after(clients_file):
         outcomes = asyncio.run(flood(srv.url))
         check_accounting(srv, outcomes, 2)
     refused = [d for kind, d in outcomes if kind == "refused"]
-    assert refused and all(d.startswith("503 request refused: 30 requests are in flight (--max-inflight)") for d in refused)
+    assert refused and all(
+        d.startswith("503 request refused: 30 requests are in flight (--max-inflight)") for d in refused
+    )
 
 
 def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients_file):
@@ -104,14 +112,24 @@ def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients
         async def watch(http):  # the scheduler's queue, sampled while the flood runs
             while True:
                 text = (await http.get(f"{srv.url}/metrics")).text
-                seen_waiting.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("slora_client_waiting{")))
+                seen_waiting.append(
+                    sum(
+                        float(line.rsplit(" ", 1)[1])
+                        for line in text.splitlines()
+                        if line.startswith("slora_client_waiting{")
+                    )
+                )
                 await asyncio.sleep(0.01)
 
         outcomes = asyncio.run(flood(srv.url, watch))
         check_accounting(srv, outcomes, 1)
     refused = [d for kind, d in outcomes if kind == "refused"]
-    assert refused and all(d == "503 request refused: too many requests are waiting (--max-waiting); retry later" for d in refused)
-    assert seen_waiting and max(seen_waiting) <= 2 * max_waiting  # past max_waiting, only clients under their share get in
+    assert refused and all(
+        d == "503 request refused: too many requests are waiting (--max-waiting); retry later" for d in refused
+    )
+    assert (
+        seen_waiting and max(seen_waiting) <= 2 * max_waiting
+    )  # past max_waiting, only clients under their share get in
     finished = sum(kind == "finished" for kind, _ in outcomes)
     assert finished >= max_waiting  # the first arrivals fill the queue at least
 
@@ -169,7 +187,12 @@ def test_a_full_queue_refuses_the_flooding_client_and_takes_the_others():
             async with httpx2.AsyncClient(timeout=120) as http:
                 held = []
                 for client in ["A"] * 6 + ["B"] * 3 + ["A"]:  # one at a time: each is queued before the next is sent
-                    r = await http.send(http.build_request("POST", f"{srv.url}/v1/completions", json=long, headers={"X-Client-Id": client}), stream=True)
+                    r = await http.send(
+                        http.build_request(
+                            "POST", f"{srv.url}/v1/completions", json=long, headers={"X-Client-Id": client}
+                        ),
+                        stream=True,
+                    )
                     statuses[client].append(r.status_code)
                     held.append(r)
                 for r in held:

@@ -35,7 +35,10 @@ def test_second_sigint_aborts_everything_at_once_and_exits_cleanly():
 
     def whole(k: int) -> None:
         if k % 2:
-            body, path = {"inputs": [1, 2, 9 + k], "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}, "/generate"
+            body, path = (
+                {"inputs": [1, 2, 9 + k], "parameters": {"max_new_tokens": LONG, "ignore_eos": True}},
+                "/generate",
+            )
         else:
             body, path = {"prompt": [1, 2, 9 + k], "max_tokens": LONG, "ignore_eos": True}, "/v1/completions"
         answers[k] = httpx2.post(f"{url}{path}", json=body, timeout=BOUND_S)

@@ -57,7 +57,9 @@ def hf_folder(tmp_path_factory):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["hello world, the quick brown fox"], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
@@ -90,10 +92,14 @@ def test_server_on_a_model_folder_uses_its_tokenizer(hf_folder):
 
     with running_server(model=str(hf_folder), pool_tokens=200) as srv:
         client = OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
-        r = client.completions.create(model=hf_folder.name, prompt="hello world", max_tokens=3, extra_body={"ignore_eos": True})
+        r = client.completions.create(
+            model=hf_folder.name, prompt="hello world", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert r.model == hf_folder.name and r.usage.completion_tokens == 3
         assert r.usage.prompt_tokens == len(srv.ctx.tokenizer.encode("hello world"))
-        r = client.chat.completions.create(model=hf_folder.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        r = client.chat.completions.create(
+            model=hf_folder.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
         assert r.usage.prompt_tokens == len(srv.ctx.tokenizer.chat_prompt([("user", "hi")]))
 
 
@@ -194,6 +200,6 @@ def test_sse_data_never_holds_a_raw_unicode_line_break():
     text = "a\u2028b\u2029c\u0085d\ne"
     event = sse({"choices": [{"text": text}]})
     assert event.startswith("data: ") and event.endswith("\n\n")
-    body = event[len("data: "):-2]
+    body = event[len("data: ") : -2]
     assert len(body.splitlines()) == 1 and not any(ch in body for ch in "\u2028\u2029\u0085")
     assert json.loads(body) == {"choices": [{"text": text}]}

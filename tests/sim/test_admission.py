@@ -141,8 +141,11 @@ pairs = st.tuples(st.integers(1, 60), st.integers(1, 60), st.integers(0, 59))
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(pairs, max_size=6), st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=6),
-       st.integers(50, 400))
+@given(
+    st.lists(pairs, max_size=6),
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=6),
+    st.integers(50, 400),
+)
 def test_budget_matches_the_formula(run_specs, candidates, pool):
     runs = [running(p, m, min(g, m - 1) + 1 if m > 1 else 1) for p, m, g in run_specs]
     runs = [r for r in runs if r.generated < r.max_new_tokens]

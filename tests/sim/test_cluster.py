@@ -26,7 +26,13 @@ from slora_vtc.cluster import RouterOptions, build_router
 from slora_vtc.cluster.serve import build_cluster
 from slora_vtc.config import EngineConfig
 from slora_vtc.experiment import Experiment, run_cluster_experiment, run_experiment
-from slora_vtc.metrics import cache_hit_rate, cache_hit_rate_by_replica, load_imbalance, service_by_client, tokens_by_replica
+from slora_vtc.metrics import (
+    cache_hit_rate,
+    cache_hit_rate_by_replica,
+    load_imbalance,
+    service_by_client,
+    tokens_by_replica,
+)
 from slora_vtc.request import Request, State
 from slora_vtc.sched import build_scheduler
 
@@ -35,8 +41,12 @@ W_Q = 2
 
 def cluster(router: str, scheduler: str, pools: list[int], clients=("a", "b"), **options):
     r = build_router(router, RouterOptions(tuple(clients), **options))
-    return build_cluster(r, [EngineConfig(pool_tokens=p) for p in pools], [sim_backend() for _ in pools],
-                         lambda: build_scheduler(scheduler, list(clients)))
+    return build_cluster(
+        r,
+        [EngineConfig(pool_tokens=p) for p in pools],
+        [sim_backend() for _ in pools],
+        lambda: build_scheduler(scheduler, list(clients)),
+    )
 
 
 def service(requests, client) -> float:
@@ -62,17 +72,37 @@ def backlogged_differences(c, requests) -> list[float]:
 
 
 # -- nothing lost ---------------------------------------------------------------------------
-@pytest.mark.parametrize("router, scheduler, admission", [
-    ("round-robin", "vtc", "conservative"), ("least-load", "fcfs", "optimistic"), ("prefix-affinity", "lpm", "conservative"),
-    ("d2lpm:3000", "dlpm:2000", "conservative"), ("global-vtc", "vtc", "conservative"), ("global-vtc", "vtc", "optimistic"),
-])
+@pytest.mark.parametrize(
+    "router, scheduler, admission",
+    [
+        ("round-robin", "vtc", "conservative"),
+        ("least-load", "fcfs", "optimistic"),
+        ("prefix-affinity", "lpm", "conservative"),
+        ("d2lpm:3000", "dlpm:2000", "conservative"),
+        ("global-vtc", "vtc", "conservative"),
+        ("global-vtc", "vtc", "optimistic"),
+    ],
+)
 def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission):
-    exp = Experiment(suite="prefix_chat", scheduler=scheduler, replicas=3, router=router, prefix_cache=True, duration=40,
-                     replica_pool_tokens=(6_000, 12_000), horizon=60, admission=admission)
+    exp = Experiment(
+        suite="prefix_chat",
+        scheduler=scheduler,
+        replicas=3,
+        router=router,
+        prefix_cache=True,
+        duration=40,
+        replica_pool_tokens=(6_000, 12_000),
+        horizon=60,
+        admission=admission,
+    )
     workload = exp.workload()
     requests = exp.requests(workload)
-    c = build_cluster(build_router(router, exp.router_options(workload)), exp.replica_configs(), [sim_backend() for _ in range(3)],
-                      lambda: build_scheduler(scheduler, list(workload.clients), exp.scheduler_options()))
+    c = build_cluster(
+        build_router(router, exp.router_options(workload)),
+        exp.replica_configs(),
+        [sim_backend() for _ in range(3)],
+        lambda: build_scheduler(scheduler, list(workload.clients), exp.scheduler_options()),
+    )
     ended = Counter()
     for e in c.engines:
         inner = e.on_end
@@ -89,13 +119,17 @@ def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission
 def test_push_routers_use_every_replica_and_record_it():
     result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=4, router="least-load", duration=60))
     assert {r.replica for r in result.responses} == {0, 1, 2, 3}
-    assert sum(tokens_by_replica(result)) == sum(r.prompt_len + r.output_len for r in result.responses if r.status == "finished")
+    assert sum(tokens_by_replica(result)) == sum(
+        r.prompt_len + r.output_len for r in result.responses if r.status == "finished"
+    )
     assert 1 <= load_imbalance(result) < 1.2
 
 
 def test_prefix_affinity_keeps_the_caches_warmer_than_round_robin():
     def hits(router):
-        result = run_experiment(Experiment(suite="prefix_chat", scheduler="vtc", replicas=4, router=router, prefix_cache=True, duration=60))
+        result = run_experiment(
+            Experiment(suite="prefix_chat", scheduler="vtc", replicas=4, router=router, prefix_cache=True, duration=60)
+        )
         per_replica = cache_hit_rate_by_replica(result)
         served = [r for r in result.responses if r.status == "finished"]
         cached = sum(r.cached_tokens for r in served)
@@ -111,8 +145,16 @@ def test_prefix_affinity_keeps_the_caches_warmer_than_round_robin():
 
 def test_replicas_may_differ_in_testbed():
     """a10g-2023 adds more overhead per forward pass than a10g-2024: under least load its replica serves less."""
-    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=2, router="least-load", duration=120,
-                                       replica_testbeds=("a10g-2024", "a10g-2023")))
+    result = run_experiment(
+        Experiment(
+            suite="overload",
+            scheduler="vtc",
+            replicas=2,
+            router="least-load",
+            duration=120,
+            replica_testbeds=("a10g-2024", "a10g-2023"),
+        )
+    )
     fast, slow = tokens_by_replica(result)
     assert slow < fast
 
@@ -132,7 +174,9 @@ def test_global_counters_are_the_service_summed_over_replicas():
 
 
 def test_cluster_result_service_is_the_sum_of_the_replicas():
-    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=3, router="round-robin", duration=60))
+    result = run_experiment(
+        Experiment(suite="overload", scheduler="vtc", replicas=3, router="round-robin", duration=60)
+    )
     total = service_by_client(result)
     by_hand = Counter()
     for r in result.responses:
@@ -142,19 +186,32 @@ def test_cluster_result_service_is_the_sum_of_the_replicas():
 
 
 # -- one replica is one engine ----------------------------------------------------------------
-@pytest.mark.parametrize("suite, scheduler, extra", [
-    ("overload", "vtc", {}), ("overload", "fcfs", {"horizon": 100.0}), ("dist_shift", "lcf", {"duration": 120}),
-    ("prefix_tot", "dlpm:2000", {"prefix_cache": True, "duration": 40}), ("overload", "vtc", {"admission": "optimistic", "duration": 60}),
-])
+@pytest.mark.parametrize(
+    "suite, scheduler, extra",
+    [
+        ("overload", "vtc", {}),
+        ("overload", "fcfs", {"horizon": 100.0}),
+        ("dist_shift", "lcf", {"duration": 120}),
+        ("prefix_tot", "dlpm:2000", {"prefix_cache": True, "duration": 40}),
+        ("overload", "vtc", {"admission": "optimistic", "duration": 60}),
+    ],
+)
 def test_one_replica_equals_a_plain_run(suite, scheduler, extra):
     exp = Experiment(suite=suite, scheduler=scheduler, **extra)
     plain = run_experiment(exp)
     clustered = run_cluster_experiment(exp)
     horizon = extra.get("horizon", float("inf"))
-    assert [r.replica for r in clustered.responses] == [-1 if r.req_time >= horizon else 0 for r in plain.responses]  # -1: never arrived
+    assert [r.replica for r in clustered.responses] == [
+        -1 if r.req_time >= horizon else 0 for r in plain.responses
+    ]  # -1: never arrived
     assert [r.__class__(**{**r.__dict__, "replica": None}) for r in clustered.responses] == list(plain.responses)
     assert clustered.total_time == plain.total_time
-    assert plain.to_json() == run_experiment(Experiment(suite=suite, scheduler=scheduler, replicas=1, router="least-load", **extra)).to_json()
+    assert (
+        plain.to_json()
+        == run_experiment(
+            Experiment(suite=suite, scheduler=scheduler, replicas=1, router="least-load", **extra)
+        ).to_json()
+    )
 
 
 # -- fairness across replicas -----------------------------------------------------------------
@@ -167,7 +224,9 @@ def backlogged_workload(draw):
         n = draw(st.integers(20, 80))
         p_hi, o_hi = draw(st.integers(1, 250)), draw(st.integers(1, 250))
         lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
-        requests += [Request(client, p, o, 0.0, adapter=client) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
+        requests += [
+            Request(client, p, o, 0.0, adapter=client) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))
+        ]
     return pools, draw(st.permutations(requests))
 
 
@@ -208,7 +267,10 @@ def weighted_shares(routers: int, sync: float | None, skew: float = 1.0) -> floa
     requests = [Request(c, 256, 256, 0.01 * i, adapter=c) for i in range(3000) for c in "ab"]
     c = cluster("global-vtc", "wvtc:4,1", [10_000, 10_000], routers=routers, sync_s=sync, ingress_skew=skew)
     c.run(requests, until=120.0)
-    got = {x: sum(r.prompt_len + W_Q * r.generated for r in requests if r.client == x and r.state is State.FINISHED) for x in "ab"}
+    got = {
+        x: sum(r.prompt_len + W_Q * r.generated for r in requests if r.client == x and r.state is State.FINISHED)
+        for x in "ab"
+    }
     return got["a"] / got["b"]
 
 
@@ -230,15 +292,18 @@ def test_unsynchronised_routers_without_skew_see_every_client():
 
 
 # -- bad input --------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--replicas", "0"], "--replicas must be at least 1"),
-    (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
-    (["--replicas", "2", "--router", "d2lpm"], "needs an argument"),
-    (["--replicas", "2", "--router", "prefix-affinity:0"], "must be positive"),
-    (["--replicas", "2", "--routers", "2"], "only global-vtc"),
-    (["--replicas", "2", "--ingress-skew", "2"], "--ingress-skew must be in [0, 1]"),
-    (["--replicas", "2", "--backend", "torch"], "simulator only"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--replicas", "0"], "--replicas must be at least 1"),
+        (["--replicas", "2", "--router", "nope"], "unknown router 'nope'"),
+        (["--replicas", "2", "--router", "d2lpm"], "needs an argument"),
+        (["--replicas", "2", "--router", "prefix-affinity:0"], "must be positive"),
+        (["--replicas", "2", "--routers", "2"], "only global-vtc"),
+        (["--replicas", "2", "--ingress-skew", "2"], "--ingress-skew must be in [0, 1]"),
+        (["--replicas", "2", "--backend", "torch"], "simulator only"),
+    ],
+)
 def test_bad_cluster_input_is_one_line_and_status_2(capsys, argv, message):
     code = main(["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10", *argv])
     err = capsys.readouterr().err

@@ -17,7 +17,8 @@ from slora_vtc.figures import render_figures
 NOT_MEASURED = {
     ("paper_repro.md", "2401.00588"),  # the paper's arXiv id
     ("paper_repro.md", "10 %"),  # a threshold we count against
-    ("paper_repro.md", "0.25"), ("paper_repro.md", "0.5"),  # shares of capacity, worked out
+    ("paper_repro.md", "0.25"),
+    ("paper_repro.md", "0.5"),  # shares of capacity, worked out
     ("paper_repro.md", "50 %"),  # the paper's prediction error setting
     ("paper_repro.md", "28.5"),  # the fairness table's window step: (600 - 30) / 20
     ("benchmarks/README.md", "15 %"),  # how noisy this shared machine is
@@ -25,7 +26,11 @@ NOT_MEASURED = {
     ("docs/beyond.md", "2501.14312"),  # the DLPM paper's arXiv id
     ("docs/beyond.md", "4.1"),  # a theorem's number
 }
-FENCE, CODE, OTHER = re.compile(r"```.*?```", re.S), re.compile(r"`[^`\n]*`"), re.compile(r"\]\([^)]*\)|<!--.*?-->", re.S)
+FENCE, CODE, OTHER = (
+    re.compile(r"```.*?```", re.S),
+    re.compile(r"`[^`\n]*`"),
+    re.compile(r"\]\([^)]*\)|<!--.*?-->", re.S),
+)
 MEASURED = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?!\.\d)|\d+(?:\.\d+)? ?%")
 
 
@@ -48,7 +53,10 @@ def test_a_stale_number_is_found_and_refreshed(tmp_path):
     numbers = Numbers(REPO)
     value = json.loads((REPO / "figures" / "numbers.json").read_text())["overload"]["vtc"]["throughput_tok_s"]
     stale = "VTC serves <!--n:fig:overload/vtc/throughput_tok_s-->1.0<!--/n--> tokens/s"
-    assert refresh_text(stale, numbers) == f"VTC serves <!--n:fig:overload/vtc/throughput_tok_s-->{value}<!--/n--> tokens/s"
+    assert (
+        refresh_text(stale, numbers)
+        == f"VTC serves <!--n:fig:overload/vtc/throughput_tok_s-->{value}<!--/n--> tokens/s"
+    )
     doc = tmp_path / "doc.md"
     doc.write_text(stale)
     assert refresh_docs([doc], write=False, root=REPO) == [doc] and doc.read_text() == stale
@@ -56,12 +64,21 @@ def test_a_stale_number_is_found_and_refreshed(tmp_path):
     assert refresh_docs([doc], write=False, root=REPO) == []
 
 
-@pytest.mark.parametrize("text, message", [
-    ("<!--n:nowhere:x-->1<!--/n-->", "doc.md:1: number 'nowhere:x' names no source"),
-    ("line\n<!--n:fig:overload/nope-->1<!--/n-->", "doc.md:2: figures/numbers.json has no 'overload/nope' (stopped at 'nope')"),
-    ("<!--n:fig:overload/vtc/testbed|.1f-->1<!--/n-->", "cannot format 'a10g-2024' with '.1f'"),
-    ("<!--include:figures/tables/none.md-->\n<!--/include-->", "doc.md:1: included file figures/tables/none.md does not exist"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("<!--n:nowhere:x-->1<!--/n-->", "doc.md:1: number 'nowhere:x' names no source"),
+        (
+            "line\n<!--n:fig:overload/nope-->1<!--/n-->",
+            "doc.md:2: figures/numbers.json has no 'overload/nope' (stopped at 'nope')",
+        ),
+        ("<!--n:fig:overload/vtc/testbed|.1f-->1<!--/n-->", "cannot format 'a10g-2024' with '.1f'"),
+        (
+            "<!--include:figures/tables/none.md-->\n<!--/include-->",
+            "doc.md:1: included file figures/tables/none.md does not exist",
+        ),
+    ],
+)
 def test_a_broken_marker_names_file_and_line(text, message):
     with pytest.raises(UserError, match=re.escape(message)):
         refresh_text(text, Numbers(REPO), "doc.md")

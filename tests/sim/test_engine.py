@@ -35,7 +35,11 @@ def test_idle_engine_jumps_to_the_arrival_and_prefills():
     engine = make_engine(FCFS())
     r = req("a", 10, 3, arrival=5.0)
     engine.run([r])
-    assert engine.backend.calls == [("prefill", [r.rid], 5.0), ("decode", [r.rid], 6.0), ("decode", [r.rid], pytest.approx(6.1))]
+    assert engine.backend.calls == [
+        ("prefill", [r.rid], 5.0),
+        ("decode", [r.rid], 6.0),
+        ("decode", [r.rid], pytest.approx(6.1)),
+    ]
     assert r.first_token_time == 6.0  # the prefill yields token 1
     assert r.finish_time == pytest.approx(6.2)
     assert engine.clock.now() == pytest.approx(6.2)

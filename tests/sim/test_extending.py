@@ -14,7 +14,9 @@ PLUGIN = REPO / "examples" / "plugins" / "round_robin.py"
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, "-m", "slora_vtc", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "slora_vtc", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def admitted_by(result, client: str, t: float) -> int:
@@ -23,7 +25,19 @@ def admitted_by(result, client: str, t: float) -> int:
 
 def test_a_plugin_scheduler_runs_through_the_cli(tmp_path):
     out = tmp_path / "rr.jsonl"
-    proc = cli("--plugin", str(PLUGIN), "run", "--suite", "overload", "--scheduler", "rr", "--duration", "60", "--out", str(out))
+    proc = cli(
+        "--plugin",
+        str(PLUGIN),
+        "run",
+        "--suite",
+        "overload",
+        "--scheduler",
+        "rr",
+        "--duration",
+        "60",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     (result,) = read_results(out)
     assert result.config["scheduler"] == "rr" and result.count("finished") == 270
@@ -40,11 +54,19 @@ def test_the_plugin_is_listed_and_unknown_plugins_are_one_line_errors():
     listed = cli("--plugin", str(PLUGIN), "list")
     assert listed.returncode == 0 and "rr " in listed.stdout and "(a plugin)" in listed.stdout
     missing = cli("--plugin", "no/such/plugin.py", "list")
-    assert missing.returncode == 2 and missing.stderr.strip() == "slora-vtc: error: plugin no/such/plugin.py: no such file"
+    assert (
+        missing.returncode == 2 and missing.stderr.strip() == "slora-vtc: error: plugin no/such/plugin.py: no such file"
+    )
     unknown = cli("--plugin", "no_such_module_here", "list")
     assert unknown.returncode == 2 and "no such module" in unknown.stderr
-    env_plugin = subprocess.run([sys.executable, "-m", "slora_vtc", "list"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "SLORA_VTC_PLUGINS": str(PLUGIN)})
+    env_plugin = subprocess.run(
+        [sys.executable, "-m", "slora_vtc", "list"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SLORA_VTC_PLUGINS": str(PLUGIN)},
+    )
     assert env_plugin.returncode == 0 and "round robin over clients" in env_plugin.stdout
 
 
@@ -86,7 +108,19 @@ def test_a_plugin_adds_a_backend_a_suite_and_a_figure(tmp_path):
     plugin = tmp_path / "extensions.py"
     plugin.write_text(OTHER_EXTENSIONS)
     out = tmp_path / "run.jsonl"
-    proc = cli("--plugin", str(plugin), "run", "--suite", "bursty", "--scheduler", "vtc", "--backend", "constant", "--out", str(out))
+    proc = cli(
+        "--plugin",
+        str(plugin),
+        "run",
+        "--suite",
+        "bursty",
+        "--scheduler",
+        "vtc",
+        "--backend",
+        "constant",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     (result,) = read_results(out)
     assert result.config["backend"] == "constant" and result.count("finished") == 100

@@ -21,7 +21,26 @@ def test_renders_pngs_and_merges_numbers(tmp_path):
 
 def test_every_paper_figure_is_registered():
     named = {f.paper_figure for f in FIGURES.values()}
-    assert {"3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20"} <= named
+    assert {
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        "9",
+        "10",
+        "11",
+        "12",
+        "13",
+        "14",
+        "15",
+        "16",
+        "17",
+        "18",
+        "19",
+        "20",
+    } <= named
 
 
 def test_unknown_figure_is_a_user_error(tmp_path):

@@ -1,6 +1,5 @@
 """The paper's LMSYS trace on the simulator: the real-trace claims, and the replay / trace CLI."""
 
-
 import pytest
 from conftest import ARENA_FIXTURE, lmsys_trace
 

@@ -54,8 +54,12 @@ def run(exp: Experiment, macro_steps: bool) -> RunResult:
 
 @pytest.mark.parametrize("suite,scheduler,settings", CASES, ids=[f"{s}-{p}-{'-'.join(o)}" for s, p, o in CASES])
 def test_the_result_file_is_that_of_single_steps(suite, scheduler, settings):
-    exp = Experiment(suite=suite, scheduler=scheduler, duration=60 if suite.startswith(("overload", "poisson", "dist", "real")) else None,
-                     **settings)
+    exp = Experiment(
+        suite=suite,
+        scheduler=scheduler,
+        duration=60 if suite.startswith(("overload", "poisson", "dist", "real")) else None,
+        **settings,
+    )
     macro, single = run(exp, True), run(exp, False)
     assert macro.to_json() == single.to_json()
     assert {r.status for r in macro.responses} <= {"finished", "rejected"}
@@ -199,15 +203,27 @@ def check_first_fit(shapes, prompt, output, steps, pool, optimistic, used):
     assert Budget(config, running, pool_with(taken)).first_fit(candidate, range(first, steps)) == expected
 
 
-@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 600), st.integers(0, 599)), max_size=25),
-       st.integers(1, 800), st.integers(1, 800), st.integers(1, 80), st.integers(2_000, 30_000), st.booleans(), st.floats(0, 1))
+@given(
+    st.lists(st.tuples(st.integers(1, 600), st.integers(1, 600), st.integers(0, 599)), max_size=25),
+    st.integers(1, 800),
+    st.integers(1, 800),
+    st.integers(1, 80),
+    st.integers(2_000, 30_000),
+    st.booleans(),
+    st.floats(0, 1),
+)
 @settings(max_examples=300, deadline=None)
 def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt, output, steps, pool, optimistic, used):
     check_first_fit(shapes, prompt, output, steps, pool, optimistic, used)
 
 
-@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 20), st.integers(0, 19)), max_size=4),
-       st.integers(1, 8), st.integers(1, 20), st.integers(1, 20), st.integers(5, 120))
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 20), st.integers(0, 19)), max_size=4),
+    st.integers(1, 8),
+    st.integers(1, 20),
+    st.integers(1, 20),
+    st.integers(5, 120),
+)
 @example([(5, 12, 0)], 3, 10, 12, 28)  # the candidate's own entry binds: 28 < 28 does not fit at s = 2
 @example([(5, 11, 0)], 3, 10, 11, 29)  # the running request falls behind the candidate at s = 3, and then it fits
 @settings(max_examples=2_000, deadline=None)
@@ -236,7 +252,9 @@ def test_vtc_heads_are_the_clients_select_would_take_after_each_step(scheduler):
     clients = [f"client{i}" for i in range(6)]
     for trial in range(60):
         sched = build_scheduler(scheduler, clients)
-        reqs = [Request(rng.choice(clients), rng.randint(1, 50), rng.randint(30, 60), float(i), rid=i) for i in range(20)]
+        reqs = [
+            Request(rng.choice(clients), rng.randint(1, 50), rng.randint(30, 60), float(i), rid=i) for i in range(20)
+        ]
         for r in reqs:
             sched.on_arrival(r, r.arrival)
         budget = Budget(EngineConfig(pool_tokens=1_000_000), [], None)

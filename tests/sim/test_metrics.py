@@ -8,11 +8,14 @@ from slora_vtc import metrics
 from slora_vtc.cost import ProfiledCost
 
 # a: service 10 + 2 * 5 = 20 spread over [2, 6]; b: 4 + 2 * 3 = 10 over [2, 4]; the rejected one counts nowhere
-TINY = result_of([
-    ("a", 10, 5, 0.0, 2.0, 6.0),
-    ("b", 4, 3, 1.0, 1.0, 3.0),
-    ("b", 100, 100, 0.5, -1.0, -1.0, "rejected"),
-], total_time=8.0)
+TINY = result_of(
+    [
+        ("a", 10, 5, 0.0, 2.0, 6.0),
+        ("b", 4, 3, 1.0, 1.0, 3.0),
+        ("b", 100, 100, 0.5, -1.0, -1.0, "rejected"),
+    ],
+    total_time=8.0,
+)
 
 
 def test_accumulated_service_is_spread_over_first_token_to_finish():
@@ -63,8 +66,12 @@ def test_fairness_summary_windows_and_unmet_demand_worked_by_hand():
     # [57, 117]: a 1.1, b 0, nothing offered -> 0 + min(1.1, 0) = 0
     # [85.5, 145.5]: a 4.5 * 2 / 60 = 0.15, b 15.5 * 4 / 60 -> min(b - a, 0.15) + 0 = 0.15
     # later windows: 0. A rejected request counts as never asked for (the artifact drops it).
-    rows = [("a", 60, 30, 30.0, 0.0, 60.0), ("b", 60, 30, 30.0, 100.0, 130.0),
-            ("b", 500, 500, 30.0, -1.0, -1.0, "rejected"), ("c", 60, 30, 30.0, -1.0, -1.0, "rejected")]
+    rows = [
+        ("a", 60, 30, 30.0, 0.0, 60.0),
+        ("b", 60, 30, 30.0, 100.0, 130.0),
+        ("b", 500, 500, 30.0, -1.0, -1.0, "rejected"),
+        ("c", 60, 30, 30.0, -1.0, -1.0, "rejected"),
+    ]
     fair = metrics.fairness_summary(result_of(rows, 600.0), 600)
     gaps = np.array([1.95, 0, 0.15] + [0] * 16)
     assert (fair.max, fair.avg, fair.var) == pytest.approx((gaps.max(), gaps.mean(), gaps.var()))
@@ -78,11 +85,14 @@ def test_fairness_summary_with_weights_compares_service_per_weight():
     assert plain.avg > 0.3 and weighted.max == pytest.approx(0.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("measured, cost, expected", [
-    # what the artifact's own plot_revision.py / plot_revision_profile.py print for these files
-    ("vtc_overload.jsonl", "linear", (192.88, 103.77, 6981.24)),
-    ("fcfs_overload.jsonl", "profile", (323.18, 317.13, 15.98)),
-])
+@pytest.mark.parametrize(
+    "measured, cost, expected",
+    [
+        # what the artifact's own plot_revision.py / plot_revision_profile.py print for these files
+        ("vtc_overload.jsonl", "linear", (192.88, 103.77, 6981.24)),
+        ("fcfs_overload.jsonl", "profile", (323.18, 317.13, 15.98)),
+    ],
+)
 def test_fairness_summary_equals_the_artifacts_own_tables(paper_results, measured, cost, expected):
     from slora_vtc.cost import LinearCost
     from slora_vtc.results import read_results

@@ -31,14 +31,32 @@ def conv(*lengths, system=None):
 RAW = [
     {"model": "A", "conversation": conv(3, 4, 5, 6, system=2), "tstamp": 1000},  # 2 turns: (1+2+3, 4), (1+2+3+4+5, 6)
     {"model": "B", "conversation": conv(2, 2, 1, 1, 3, 2, 9), "tstamp": 1010},  # 3 turns; the last message has no reply
-    {"model_a": "C", "model_b": "D", "conversation_a": conv(1, 1500, 2, 2), "conversation_b": conv(4, 5), "tstamp": 1020},
-    {"model": "A", "conversation": [{"role": "user", "content": "w"}, {"role": "user", "content": "w"},
-                                    {"role": "assistant", "content": "w"}], "tstamp": 1030},  # does not alternate
+    {
+        "model_a": "C",
+        "model_b": "D",
+        "conversation_a": conv(1, 1500, 2, 2),
+        "conversation_b": conv(4, 5),
+        "tstamp": 1020,
+    },
+    {
+        "model": "A",
+        "conversation": [
+            {"role": "user", "content": "w"},
+            {"role": "user", "content": "w"},
+            {"role": "assistant", "content": "w"},
+        ],
+        "tstamp": 1030,
+    },  # does not alternate
     {"model": "B", "conversation": conv(7, 0), "tstamp": 1040},  # an empty reply: its one turn goes
 ]
 # c3a: its reply of 1500 tokens drops turn 0, and turn 1's prompt (1 + 1 + 1500 + 2) drops it too.
 EXPECTED = [  # client, prompt_len, output_len, req_time (starts: 1000, 1010, 1020 -> 0, 50, 100; then 10 s apart)
-    ("A", 6, 4, 0.0), ("A", 15, 6, 10.0), ("B", 3, 2, 50.0), ("B", 6, 1, 60.0), ("B", 10, 2, 70.0), ("D", 5, 5, 100.0),
+    ("A", 6, 4, 0.0),
+    ("A", 15, 6, 10.0),
+    ("B", 3, 2, 50.0),
+    ("B", 6, 1, 60.0),
+    ("B", 10, 2, 70.0),
+    ("D", 5, 5, 100.0),
 ]
 
 
@@ -55,7 +73,10 @@ def test_one_letter_words_are_one_token_each():
 
 def test_every_turn_with_its_history(capsys, tmp_path, raw_file):
     out = tmp_path / "trace.jsonl"
-    assert main(["trace", "build", str(raw_file), "--multi-turn", "--rate", "1", "--duration", "100", "--out", str(out)]) == 0
+    assert (
+        main(["trace", "build", str(raw_file), "--multi-turn", "--rate", "1", "--duration", "100", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "5 records, 5 conversations with 9 turns, 3 turns dropped" in printed
     assert "asked for 100" in printed and "6 turns of 3 conversations from 3 clients" in printed
@@ -70,8 +91,8 @@ def test_a_turn_shares_the_previous_turns_prompt_and_reply_segments(raw_file):
     specs, _ = build_trace(str(raw_file), 1, 100, approx_count, multi_turn=True)
     reqs = trace_workload("t", specs).requests(added_tokens=1)
     b0, b1, b2 = (r for r in reqs if r.client == "B")
-    assert np.array_equal(b1.prompt_ids[:b0.prompt_len], b0.prompt_ids)  # history: the whole previous prompt
-    assert np.array_equal(b2.prompt_ids[:b1.prompt_len], b1.prompt_ids)
+    assert np.array_equal(b1.prompt_ids[: b0.prompt_len], b0.prompt_ids)  # history: the whole previous prompt
+    assert np.array_equal(b2.prompt_ids[: b1.prompt_len], b1.prompt_ids)
     assert b2.prompt_len == b1.prompt_len + b1.max_new_tokens + 3  # then its reply (1) and the new message (3)
 
 
@@ -90,7 +111,7 @@ def test_rate_times_duration_counts_turns_of_whole_conversations(raw_file):
     assert {c: sum(s.client == c for s in specs) for c in expected} == expected
     for client in expected:  # each conversation keeps its first turns, in order, 10 s apart
         mine = [(s.prompt_len, s.output_len) for s in specs if s.client == client]
-        assert mine == [(p, o) for _, p, o, _ in full[client][:len(mine)]]
+        assert mine == [(p, o) for _, p, o, _ in full[client][: len(mine)]]
         assert np.allclose(np.diff([s.arrival for s in specs if s.client == client]), 10.0)
 
 
@@ -118,7 +139,9 @@ def test_the_arena_fixture_keeps_its_two_turn_chats():
     sides = [r[k] for r in records for k in ("conversation", "conversation_a", "conversation_b") if k in r]
     two_turn = [c for c in sides if len(c) == 4]
     assert len(two_turn) == 14 and all(len(c) in (2, 4) for c in sides)
-    specs, stats = build_trace(str(ARENA_FIXTURE), 10, 100, approx_count, multi_turn=True)  # asks for more than there are
+    specs, stats = build_trace(
+        str(ARENA_FIXTURE), 10, 100, approx_count, multi_turn=True
+    )  # asks for more than there are
     assert stats.conversations == len(sides) and stats.turns == len(sides) + len(two_turn)
     assert len(specs) == sum(kept_turns(c) for c in sides)
     single, _ = build_trace(str(ARENA_FIXTURE), 10, 100, approx_count)  # the paper's pipeline: single-turn chats only
@@ -126,10 +149,13 @@ def test_the_arena_fixture_keeps_its_two_turn_chats():
     assert any(name.endswith("/u1") for s in specs for name, _ in s.segments)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--think-time", "-1"], "--think-time must be a number of seconds >= 0"),
-    (["--rate", "0"], "--rate and --duration must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--think-time", "-1"], "--think-time must be a number of seconds >= 0"),
+        (["--rate", "0"], "--rate and --duration must be positive"),
+    ],
+)
 def test_bad_options_exit_2(capsys, tmp_path, raw_file, argv, message):
     base = {"--rate": "1", "--duration": "100"}
     base.update(dict(zip(argv[::2], argv[1::2])))

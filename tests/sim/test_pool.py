@@ -109,8 +109,13 @@ lengths = st.tuples(st.integers(1, 120), st.integers(1, 80), st.floats(0, 20), s
 @given(st.lists(lengths, min_size=1, max_size=30), st.sampled_from(["fcfs", "vtc", "lcf", "rpm:3", "vtc-pred:0.5"]))
 def test_random_runs_never_leak(specs, spec):
     reqs = [req(c, p, o, t, adapter=c) for p, o, t, c in specs]
-    engine = make_engine(build_scheduler(spec, ["a", "b", "c"]), pool_tokens=200, lora_rank=2, max_wait_steps=3,
-                         backend=FixedBackend(0.5, 0.05))
+    engine = make_engine(
+        build_scheduler(spec, ["a", "b", "c"]),
+        pool_tokens=200,
+        lora_rank=2,
+        max_wait_steps=3,
+        backend=FixedBackend(0.5, 0.05),
+    )
     engine.run(reqs)
     assert_clean(engine, reqs)
     assert engine.memory.pool.size == 200

@@ -39,8 +39,13 @@ def run(requests, scheduler="fcfs", pool=3000, admission="optimistic", cache=Fal
     recorder = Recorder(sched)
     recorder.supports_preemption = sched.supports_preemption
     ended = []
-    engine = Engine(EngineConfig(pool_tokens=pool, lora_rank=0, admission=admission, prefix_cache=cache), recorder, sim_backend(),
-                    VirtualClock(), on_end=ended.append)
+    engine = Engine(
+        EngineConfig(pool_tokens=pool, lora_rank=0, admission=admission, prefix_cache=cache),
+        recorder,
+        sim_backend(),
+        VirtualClock(),
+        on_end=ended.append,
+    )
     engine.run(requests)
     return engine, recorder, ended
 
@@ -65,12 +70,16 @@ def test_fcfs_preempts_the_latest_arrival_and_counts_what_it_recomputes():
     for victim, _, generated in recorder.victims:
         expected[victim.rid] += 100 + generated - 1
     assert {r.rid: r.recomputed for r in requests} == expected
-    assert {r.rid: r.preemptions for r in requests} == {r.rid: sum(v.rid == r.rid for v, _, _ in recorder.victims) for r in requests}
+    assert {r.rid: r.preemptions for r in requests} == {
+        r.rid: sum(v.rid == r.rid for v, _, _ in recorder.victims) for r in requests
+    }
 
 
 def test_with_room_to_spare_optimistic_admission_changes_nothing():
     def responses(admission):
-        return run_experiment(Experiment(suite="overload", scheduler="vtc", duration=60, pool_tokens=200_000, admission=admission)).responses
+        return run_experiment(
+            Experiment(suite="overload", scheduler="vtc", duration=60, pool_tokens=200_000, admission=admission)
+        ).responses
 
     assert responses("optimistic") == responses("conservative")
 
@@ -89,8 +98,13 @@ def test_a_scheduler_that_cannot_take_requests_back_is_refused_under_optimistic_
 def test_a_horizon_aborts_what_is_left_and_frees_the_pool():
     requests = overcommitted()
     ended = []
-    engine = Engine(EngineConfig(pool_tokens=3000, lora_rank=0, prefix_cache=True), build_scheduler("vtc", ["c0", "c1"]), sim_backend(),
-                    VirtualClock(), on_end=ended.append)
+    engine = Engine(
+        EngineConfig(pool_tokens=3000, lora_rank=0, prefix_cache=True),
+        build_scheduler("vtc", ["c0", "c1"]),
+        sim_backend(),
+        VirtualClock(),
+        on_end=ended.append,
+    )
     late = Request("c0", 10, 10, 500.0, rid=99)  # arrives after the horizon: never sent, aborted too
     engine.run([*requests, late], until=5.0)
     assert sorted(r.rid for r in ended) == [*range(12), 99]

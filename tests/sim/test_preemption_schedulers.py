@@ -216,11 +216,15 @@ def workload(seed: int, prefix: bool, spread: float = 0.0) -> list[Request]:
             head = ids(c, 1 + rng.randrange(2), rng.randrange(50, 300)) if prefix else []
             prompt = head + ids(c, 100 + i, rng.randrange(5, 100))
             arrival = rng.uniform(0, spread) if spread else 0.0
-            out.append(Request(client, len(prompt), rng.randrange(20, 300), arrival, prompt_ids=prompt if prefix else None))
+            out.append(
+                Request(client, len(prompt), rng.randrange(20, 300), arrival, prompt_ids=prompt if prefix else None)
+            )
     return out
 
 
-def serve(spec: str, requests: list[Request], admission: str, prefix: bool, options=SchedulerOptions(), pool: int = 1500):
+def serve(
+    spec: str, requests: list[Request], admission: str, prefix: bool, options=SchedulerOptions(), pool: int = 1500
+):
     """Run to the end; return the scheduler, each request's first-prefill cached tokens, and
     every deficit map DLPM had after a step."""
     clock = VirtualClock()
@@ -252,7 +256,22 @@ def serve(spec: str, requests: list[Request], admission: str, prefix: bool, opti
     return sched, first_cached, deficits, most_output_running[0]
 
 
-@pytest.mark.parametrize("spec", ["fcfs", "rpm:1000", "vtc", "lcf", "wvtc:1,2,3", "vtc-oracle", "vtc-pred:0.5", "vtc-avg", "lpm", "lpm:8", "dlpm:400"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "fcfs",
+        "rpm:1000",
+        "vtc",
+        "lcf",
+        "wvtc:1,2,3",
+        "vtc-oracle",
+        "vtc-pred:0.5",
+        "vtc-avg",
+        "lpm",
+        "lpm:8",
+        "dlpm:400",
+    ],
+)
 @pytest.mark.parametrize("prefix", [False, True])
 def test_every_scheduler_serves_every_request_once_under_preemption(spec, prefix):
     requests = workload(1, prefix, spread=30.0)
@@ -267,7 +286,9 @@ def expected_vtc_counters(requests, first_cached, charge_cached=1.0, recompute=F
     out = dict.fromkeys(CLIENTS, 0.0)
     for r in requests:
         x_eff = r.prompt_len - (1 - charge_cached) * first_cached[r.rid]
-        out[r.client] += (x_eff + 2 * (r.max_new_tokens - 1) + (r.recomputed if recompute else 0)) / (weights or {}).get(r.client, 1)
+        out[r.client] += (x_eff + 2 * (r.max_new_tokens - 1) + (r.recomputed if recompute else 0)) / (
+            weights or {}
+        ).get(r.client, 1)
     return out
 
 
@@ -279,7 +300,9 @@ def test_vtc_counters_add_up_under_preemption(spec, weights, recompute):
     requests = workload(2, prefix=False)
     sched, first_cached, _, _ = serve(spec, requests, "optimistic", False, SchedulerOptions(charge_recompute=recompute))
     assert sum(r.preemptions for r in requests) > 0
-    assert sched.counters() == pytest.approx(expected_vtc_counters(requests, first_cached, recompute=recompute, weights=weights))
+    assert sched.counters() == pytest.approx(
+        expected_vtc_counters(requests, first_cached, recompute=recompute, weights=weights)
+    )
 
 
 @pytest.mark.parametrize("charge_cached", [0.0, 0.5, 1.0])
@@ -307,7 +330,9 @@ def test_dlpm_invariant_holds_under_preemption(recompute):
     tokens of one client's requests running at once."""
     quantum = 400
     requests = workload(5, prefix=True, spread=20.0)
-    _, _, deficits, m = serve(f"dlpm:{quantum}", requests, "optimistic", True, SchedulerOptions(charge_recompute=recompute))
+    _, _, deficits, m = serve(
+        f"dlpm:{quantum}", requests, "optimistic", True, SchedulerOptions(charge_recompute=recompute)
+    )
     assert sum(r.preemptions for r in requests) > 0
     longest = max(r.prompt_len + (r.max_new_tokens if recompute else 0) for r in requests)
     u = longest + 2 * m

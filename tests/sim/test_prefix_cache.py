@@ -178,19 +178,34 @@ def _prefix_workload(seed: int, n: int, docs: int, doc_len: int, max_new: int) -
         doc = texts[int(rng.integers(docs))][: int(rng.integers(1, doc_len + 1))]
         ids = np.concatenate([[1], doc, rng.integers(3, 50, int(rng.integers(1, 40)))])
         client = f"c{i % 3}"
-        out.append(Request(client, len(ids), int(rng.integers(1, max_new + 1)), float(rng.uniform(0, 20)), rid=i,
-                           adapter=client if seed % 2 else None, prompt_ids=ids))
+        out.append(
+            Request(
+                client,
+                len(ids),
+                int(rng.integers(1, max_new + 1)),
+                float(rng.uniform(0, 20)),
+                rid=i,
+                adapter=client if seed % 2 else None,
+                prompt_ids=ids,
+            )
+        )
     return out
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["fcfs", "vtc"]), st.sampled_from(["conservative", "optimistic"]),
-       st.integers(1200, 4000))
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["fcfs", "vtc"]),
+    st.sampled_from(["conservative", "optimistic"]),
+    st.integers(1200, 4000),
+)
 def test_the_pool_never_leaks_and_every_request_ends_once(seed, scheduler, admission, pool):
     requests = _prefix_workload(seed, 40, 3, 300, 200)
     ended = []
     config = EngineConfig(pool_tokens=pool, prefix_cache=True, admission=admission)
-    engine = Engine(config, build_scheduler(scheduler, ["c0", "c1", "c2"]), sim_backend(), VirtualClock(), on_end=ended.append)
+    engine = Engine(
+        config, build_scheduler(scheduler, ["c0", "c1", "c2"]), sim_backend(), VirtualClock(), on_end=ended.append
+    )
 
     def check():
         memory = engine.memory
@@ -209,7 +224,12 @@ def test_the_pool_never_leaks_and_every_request_ends_once(seed, scheduler, admis
 def test_the_cache_shortens_a_run_of_shared_documents():
     def total(cache: bool) -> tuple[float, int]:
         requests = _prefix_workload(3, 60, 2, 1500, 20)
-        engine = Engine(EngineConfig(pool_tokens=10_000, prefix_cache=cache), build_scheduler("fcfs", []), sim_backend(), VirtualClock())
+        engine = Engine(
+            EngineConfig(pool_tokens=10_000, prefix_cache=cache),
+            build_scheduler("fcfs", []),
+            sim_backend(),
+            VirtualClock(),
+        )
         engine.run(requests)
         return engine.clock.now(), sum(r.cached_tokens for r in requests)
 
@@ -232,7 +252,9 @@ def test_a_cached_prefix_costs_its_attention_only():
     cold = Request("c", 2000, 10, 0.0)
     warm = Request("c", 2000, 10, 0.0, cached_len=1900)
     a, b, c = A10G_STEP_MODEL.prefill_coef
-    g = A10G_STEP_MODEL.decode_coef[2] / 128  # with no prefix-hit points: decode's per-context-token cost per 128-query tile
+    g = (
+        A10G_STEP_MODEL.decode_coef[2] / 128
+    )  # with no prefix-hit points: decode's per-context-token cost per 128-query tile
     assert backend.prefill([cold]).elapsed == pytest.approx(a + b + c * 2000)
     assert backend.prefill([warm]).elapsed == pytest.approx(a + b + c * 100 + g * 100 * 1900)
 
@@ -243,8 +265,10 @@ def test_prefix_hit_points_fit_the_cached_attention_term():
 
     a, b, c = A10G_STEP_MODEL.prefill_coef
     true_g = 3e-8
-    hits = [PrefixHitPoint(n, cached, extend, (a + b * n + c * n * extend + true_g * n * extend * cached) / n)
-            for n, cached, extend in [(1, 256, 32), (4, 1024, 32), (2, 1024, 128), (8, 256, 128)]]
+    hits = [
+        PrefixHitPoint(n, cached, extend, (a + b * n + c * n * extend + true_g * n * extend * cached) / n)
+        for n, cached, extend in [(1, 256, 32), (4, 1024, 32), (2, 1024, 128), (8, 256, 128)]
+    ]
     assert A10G_STEP_MODEL.with_prefix_hits(hits).cached_pair_s == pytest.approx(true_g, rel=1e-9)
     assert A10G_STEP_MODEL.with_prefix_hits([]).cached_pair_s == A10G_STEP_MODEL.decode_coef[2] / 128
 
@@ -255,7 +279,10 @@ def test_a_remembered_match_is_what_matching_again_gives(program):
     """cached_len remembers a waiting request's match until its end node grows or its tree loses a node."""
     memory = MemoryManager(TokenPool(400), 0, cache=True)
     cache = memory.cache
-    waiting = [_with_ids("w", list(s), 1, rid) for rid, s in enumerate([(0, 1, 2, 0), (0, 1, 1), (2, 2, 2, 2, 1), (1,), (0, 0, 0, 1, 2)])]
+    waiting = [
+        _with_ids("w", list(s), 1, rid)
+        for rid, s in enumerate([(0, 1, 2, 0), (0, 1, 1), (2, 2, 2, 2, 1), (1,), (0, 0, 0, 1, 2)])
+    ]
     for op, seq, k in program:
         if op == "insert":
             slots = memory.pool.alloc(len(seq))
@@ -275,7 +302,12 @@ def test_a_prefix_computed_twice_in_one_batch_is_not_held_twice():
     the first finished: 101 + 100 + 249 = 450 > 400, and the pool would run out."""
     d = list(range(1000, 1100))
     r1, r2 = _with_ids("a", d + [1], 2, -1), _with_ids("a", d + [2], 250, -1)
-    engine = Engine(EngineConfig(pool_tokens=400, lora_rank=0, prefix_cache=True), build_scheduler("fcfs", []), sim_backend(), VirtualClock())
+    engine = Engine(
+        EngineConfig(pool_tokens=400, lora_rank=0, prefix_cache=True),
+        build_scheduler("fcfs", []),
+        sim_backend(),
+        VirtualClock(),
+    )
     engine.run([r1, r2])
     assert r1.state is State.FINISHED and r2.state is State.FINISHED and r2.generated == 250
     engine.memory.flush()

@@ -174,7 +174,9 @@ def test_dlpm_serves_both_clients_in_proportion_to_extend_tokens():
     arrive(dlpm, a + b)
     admitted = dlpm.select(FakeBudget({r.rid: 90 for r in a}), 0.0)
     assert "".join(r.client for r in admitted) == "a" * 9 + "b" + "a" * 8 + "b" + "a" * 9 + "b" + "a" * 4 + "bb"
-    assert rids(admitted) == list(range(9)) + [100] + list(range(9, 17)) + [101] + list(range(17, 26)) + [102] + list(range(26, 30)) + [103, 104]
+    assert rids(admitted) == list(range(9)) + [100] + list(range(9, 17)) + [101] + list(range(17, 26)) + [102] + list(
+        range(26, 30)
+    ) + [103, 104]
     assert dlpm.deficits() == {"a": 48, "b": 0} and dlpm.refills == 5
 
 
@@ -190,16 +192,19 @@ def test_registry_builds_lpm_and_dlpm():
     assert build_scheduler("wvtc:1,2", ["a", "b"], SchedulerOptions(charge_cached=0.0)).charge_cached == 0.0
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("dlpm:0", "'dlpm:0': the quantum must be positive"),
-    ("dlpm:-5", "'dlpm:-5': the quantum must be positive"),
-    ("dlpm:x", "'dlpm:x': the quantum 'x' is not a number"),
-    ("dlpm:inf", "must be positive and finite"),
-    ("dlpm", "needs an argument: dlpm:Q"),
-    ("lpm:0", "'lpm:0': the FCFS fallback threshold must be positive, got 0"),
-    ("lpm:x", "'lpm:x': 'x' is not an integer"),
-    ("lpm:", "the argument after ':' is missing"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("dlpm:0", "'dlpm:0': the quantum must be positive"),
+        ("dlpm:-5", "'dlpm:-5': the quantum must be positive"),
+        ("dlpm:x", "'dlpm:x': the quantum 'x' is not a number"),
+        ("dlpm:inf", "must be positive and finite"),
+        ("dlpm", "needs an argument: dlpm:Q"),
+        ("lpm:0", "'lpm:0': the FCFS fallback threshold must be positive, got 0"),
+        ("lpm:x", "'lpm:x': 'x' is not an integer"),
+        ("lpm:", "the argument after ':' is missing"),
+    ],
+)
 def test_bad_prefix_scheduler_specs_raise_user_error(spec, message):
     with pytest.raises(UserError, match=message):
         build_scheduler(spec, ["a", "b"])
@@ -233,7 +238,9 @@ class Observed:
 
 def run_observed(spec: str, requests: list[Request], pool: int) -> Observed:
     sched = build_scheduler(spec, ["a", "b"])
-    engine = Engine(EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, sim_backend(), VirtualClock())
+    engine = Engine(
+        EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, sim_backend(), VirtualClock()
+    )
     seen = Observed()
     extend: dict[int, int] = {}  # rid -> extend tokens of its first prefill (a preemption's second one is not charged)
 
@@ -268,7 +275,9 @@ def headroom(requests: list[Request], seen: Observed) -> float:
 CLIENT_SHAPE = st.tuples(
     st.integers(0, 200),  # system prompt
     st.lists(st.integers(0, 300), min_size=1, max_size=3),  # documents
-    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 60), st.integers(2, 120)), min_size=20, max_size=80),  # (doc, question, output)
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 60), st.integers(2, 120)), min_size=20, max_size=80
+    ),  # (doc, question, output)
 )
 
 
@@ -287,7 +296,12 @@ def prefix_requests(shapes, order_seed: int) -> list[Request]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.tuples(CLIENT_SHAPE, CLIENT_SHAPE), st.integers(0, 1000), st.sampled_from([50, 300, 1500, 6000]), st.integers(1200, 3000))
+@given(
+    st.tuples(CLIENT_SHAPE, CLIENT_SHAPE),
+    st.integers(0, 1000),
+    st.sampled_from([50, 300, 1500, 6000]),
+    st.integers(1200, 3000),
+)
 def test_dlpm_keeps_its_invariant_and_two_backlogged_clients_within_2_u_plus_q(shapes, order_seed, quantum, pool):
     requests = prefix_requests(shapes, order_seed)
     seen = run_observed(f"dlpm:{quantum}", requests, pool)
@@ -318,7 +332,9 @@ def test_lpm_breaks_the_bound_on_a_flooding_client_and_dlpm_keeps_it():
 
 # prefix_chat_s2 is left out: there the flooder's histories are only longer, its share stays near half
 # under LPM too (docs/beyond.md), and LPM does not break the bound
-MISBEHAVING = [f"prefix_{w}_{v}" for w in ("qa", "tot", "judge", "chat") for v in ("s1", "s2") if (w, v) != ("chat", "s2")]
+MISBEHAVING = [
+    f"prefix_{w}_{v}" for w in ("qa", "tot", "judge", "chat") for v in ("s1", "s2") if (w, v) != ("chat", "s2")
+]
 
 
 def dlpm_service(result) -> dict[str, float]:

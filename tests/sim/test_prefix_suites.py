@@ -42,11 +42,16 @@ def test_a_segment_depends_on_its_name_and_length_only():
 
 
 def test_prompt_ids_are_bos_then_the_segments():
-    specs = (RequestSpec("a", 7, 2, 0.0, (("sys", 3), ("q1", 4))), RequestSpec("a", 7, 2, 1.0, (("sys", 3), ("q2", 4))),
-             RequestSpec("a", 5, 2, 2.0))
+    specs = (
+        RequestSpec("a", 7, 2, 0.0, (("sys", 3), ("q1", 4))),
+        RequestSpec("a", 7, 2, 1.0, (("sys", 3), ("q2", 4))),
+        RequestSpec("a", 5, 2, 2.0),
+    )
     r1, r2, plain = Workload("w", ("a",), 3.0, specs).requests(added_tokens=1)
     assert r1.prompt_len == len(r1.prompt_ids) == 8 and r1.prompt_ids[0] == 1
-    assert np.array_equal(r1.prompt_ids[1:4], segment_ids("sys", 3)) and np.array_equal(r1.prompt_ids[4:], segment_ids("q1", 4))
+    assert np.array_equal(r1.prompt_ids[1:4], segment_ids("sys", 3)) and np.array_equal(
+        r1.prompt_ids[4:], segment_ids("q1", 4)
+    )
     assert lcp(r1.prompt_ids, r2.prompt_ids) == 4  # BOS + the system prompt, then the questions differ
     assert plain.prompt_ids is None and plain.prompt_len == 6
 
@@ -66,7 +71,9 @@ def test_every_prompt_has_its_ids(name):
     w = get_suite(name).workload(duration=20)
     reqs = w.requests(added_tokens=1)
     assert reqs and all(r.prompt_ids is not None and len(r.prompt_ids) == r.prompt_len for r in reqs)
-    assert all(r.prompt_len + r.max_new_tokens < 10_000 - 32 and r.prompt_len <= 3072 for r in reqs)  # each fits the pool alone
+    assert all(
+        r.prompt_len + r.max_new_tokens < 10_000 - 32 and r.prompt_len <= 3072 for r in reqs
+    )  # each fits the pool alone
     assert w == get_suite(name).workload(duration=20) and w.specs != get_suite(name).workload(duration=20, seed=7).specs
 
 
@@ -89,7 +96,10 @@ def first_trees(name: str, client: str, count: int):
     return starts[:count]
 
 
-@pytest.mark.parametrize("name, client, branches", [("prefix_tot", "client0", 2), ("prefix_tot_s1", "client0", 4), ("prefix_tot_s1", "client1", 2)])
+@pytest.mark.parametrize(
+    "name, client, branches",
+    [("prefix_tot", "client0", 2), ("prefix_tot_s1", "client0", 4), ("prefix_tot_s1", "client1", 2)],
+)
 def test_a_tree_of_thought_is_complete_and_shares_its_paths(name, client, branches):
     for tree in first_trees(name, client, 1 if branches == 4 else 2):
         levels = tree_levels(tree)
@@ -98,15 +108,19 @@ def test_a_tree_of_thought_is_complete_and_shares_its_paths(name, client, branch
         below: list[np.ndarray] = []  # distinct prompts of the levels above
         for d, level in enumerate(levels):
             prompts = Counter(tuple(r.prompt_ids.tolist()) for r in level)
-            assert sorted(prompts.values()) == [branches] * branches ** d  # siblings ask the same
+            assert sorted(prompts.values()) == [branches] * branches**d  # siblings ask the same
             distinct = [np.array(p) for p in prompts]
             if d:
                 parents = levels[d - 1]
                 for p in distinct:  # extends exactly one node of the level above by that node's thought
-                    extends = [r for r in parents if lcp(p, r.prompt_ids) == len(r.prompt_ids) and len(p) == r.prompt_len + r.max_new_tokens]
+                    extends = [
+                        r
+                        for r in parents
+                        if lcp(p, r.prompt_ids) == len(r.prompt_ids) and len(p) == r.prompt_len + r.max_new_tokens
+                    ]
                     assert extends
             for i, a in enumerate(distinct):
-                for b in distinct[i + 1:]:
+                for b in distinct[i + 1 :]:
                     shared = max(len(c) for c in below if lcp(a, c) == len(c) and lcp(b, c) == len(c))
                     assert lcp(a, b) == shared  # exactly the question and the common path, then apart
             below += distinct
@@ -130,8 +144,14 @@ def documents(name: str, client: str):
     return list(groups.values())
 
 
-@pytest.mark.parametrize("name, client, doc", [("prefix_qa", "client0", (1200, 1800)), ("prefix_qa_s2", "client0", (2400, 3000)),
-                                               ("prefix_qa_s2", "client1", (1200, 1800))])
+@pytest.mark.parametrize(
+    "name, client, doc",
+    [
+        ("prefix_qa", "client0", (1200, 1800)),
+        ("prefix_qa_s2", "client0", (2400, 3000)),
+        ("prefix_qa_s2", "client1", (1200, 1800)),
+    ],
+)
 def test_qa_questions_share_their_document(name, client, doc):
     groups = documents(name, client)
     sizes = Counter(len(g) for g in groups)
@@ -150,7 +170,9 @@ def test_qa_s1_client0_asks_three_times_as_often():
     assert 2.6 < n["client0"] / n["client1"] < 3.4
 
 
-@pytest.mark.parametrize("name, dimensions, extra", [("prefix_judge", 2, 0), ("prefix_judge_s1", 16, 0), ("prefix_judge_s2", 2, 600)])
+@pytest.mark.parametrize(
+    "name, dimensions, extra", [("prefix_judge", 2, 0), ("prefix_judge_s1", 16, 0), ("prefix_judge_s2", 2, 600)]
+)
 def test_judge_articles_and_dimensions(name, dimensions, extra):
     reqs = requests_of(name, "client0")
     by_article = {}
@@ -168,7 +190,9 @@ def test_judge_articles_and_dimensions(name, dimensions, extra):
     first = {tuple(r.prompt_ids[-30:].tolist()) for r in articles[0]}
     assert first == {tuple(r.prompt_ids[-30:].tolist()) for r in articles[1]}
     client1 = requests_of(name, "client1")
-    assert len(client1) / len(articles) == pytest.approx(2, rel=0.35)  # client 1 judges 2 dimensions of about as many articles
+    assert len(client1) / len(articles) == pytest.approx(
+        2, rel=0.35
+    )  # client 1 judges 2 dimensions of about as many articles
 
 
 def conversations(name: str, client: str):
@@ -222,14 +246,19 @@ def test_two_clients_stay_backlogged(name):
     result = run_experiment(Experiment(suite=name, scheduler="vtc"))
     served = sum(r.prompt_len + r.output_len for r in result.responses) / result.total_time
     for client in ("client0", "client1"):
-        offered = sum(s.prompt_len + s.output_len for s in suite.workload().specs if s.client == client) / suite.duration
+        offered = (
+            sum(s.prompt_len + s.output_len for s in suite.workload().specs if s.client == client) / suite.duration
+        )
         assert offered > served / 2  # alone above its fair half
         assert backlogged_from(result, client, suite.duration / 4, suite.duration)
 
 
 # -- trace files ----------------------------------------------------------------------------
-SEGMENTED = [RequestSpec("a", 1240, 15, 0.0, (("doc7", 1200), ("q3", 40))), RequestSpec("b", 3, 7, 1.5),
-             RequestSpec("a", 1230, 9, 2.0, (("doc7", 1200), ("has:colon", 30)))]
+SEGMENTED = [
+    RequestSpec("a", 1240, 15, 0.0, (("doc7", 1200), ("q3", 40))),
+    RequestSpec("b", 3, 7, 1.5),
+    RequestSpec("a", 1230, 9, 2.0, (("doc7", 1200), ("has:colon", 30))),
+]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", ".jsonl.gz"])
@@ -262,16 +291,19 @@ def test_a_name_with_the_separator_cannot_go_to_csv(tmp_path):
         write_trace([RequestSpec("a", 2, 1, 0.0, (("a|b", 2),))], tmp_path / "t.csv")
 
 
-@pytest.mark.parametrize("segments, message", [
-    ([["doc", 10], ["q"]], "segment 1 is not a [name, length] pair"),
-    ("doc:10|q", "segment 'q' is not name:length"),
-    ({"doc": 12}, "expected a list of [name, length] pairs"),
-    ([["doc", -2], ["q", 14]], "length must be positive, got -2"),
-    ([["doc", 1.5], ["q", 10.5]], "length is not a whole number: 1.5"),
-    ("doc:ten|q:12", "length is not a whole number: 'ten'"),
-    ([["doc", 10], ["q", 3]], "sums to 13 tokens, but prompt_len is 12"),
-    ("doc:10|q:3", "sums to 13 tokens, but prompt_len is 12"),
-])
+@pytest.mark.parametrize(
+    "segments, message",
+    [
+        ([["doc", 10], ["q"]], "segment 1 is not a [name, length] pair"),
+        ("doc:10|q", "segment 'q' is not name:length"),
+        ({"doc": 12}, "expected a list of [name, length] pairs"),
+        ([["doc", -2], ["q", 14]], "length must be positive, got -2"),
+        ([["doc", 1.5], ["q", 10.5]], "length is not a whole number: 1.5"),
+        ("doc:ten|q:12", "length is not a whole number: 'ten'"),
+        ([["doc", 10], ["q", 3]], "sums to 13 tokens, but prompt_len is 12"),
+        ("doc:10|q:3", "sums to 13 tokens, but prompt_len is 12"),
+    ],
+)
 def test_bad_segments_exit_2_naming_file_line_and_field(capsys, tmp_path, monkeypatch, segments, message):
     monkeypatch.chdir(tmp_path)
     good = {"client": "a", "prompt_len": 12, "output_len": 3, "req_time": 0.0}
@@ -290,4 +322,6 @@ def test_bad_segments_in_csv_name_the_line(capsys, tmp_path):
     path.write_text("client,prompt_len,output_len,req_time,segments\na,12,3,0.0,doc:12\na,12,3,1.0,doc:-12\n")
     code = main(["replay", str(path), "--scheduler", "vtc", "--out", str(tmp_path / "r.jsonl")])
     err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and f"{path}:3: field 'segments'" in err and "positive" in err
+    assert (
+        code == 2 and len(err.strip().splitlines()) == 1 and f"{path}:3: field 'segments'" in err and "positive" in err
+    )

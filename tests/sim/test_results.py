@@ -34,8 +34,15 @@ def test_run_result_from_an_engine_run():
     assert result.count("finished") == 2 and result.count("rejected") == 1
     line = json.loads(result.to_json())
     assert set(line) == {"config", "result"} and set(line["result"]) == {"total_time", "responses"}
-    assert set(line["result"]["responses"][0]) == {"client", "prompt_len", "output_len", "req_time",
-                                                    "first_token_latency", "request_latency", "status"}
+    assert set(line["result"]["responses"][0]) == {
+        "client",
+        "prompt_len",
+        "output_len",
+        "req_time",
+        "first_token_latency",
+        "request_latency",
+        "status",
+    }
 
 
 def test_reads_the_artifacts_files(paper_results):
@@ -51,9 +58,18 @@ def test_reads_the_artifacts_files(paper_results):
 
 def test_an_artifact_response_never_served_reads_as_rejected(tmp_path):
     """The artifact writes no status; its RPM runs mark a refused request with latency -1."""
-    served = {"adapter_dir": "a", "prompt_len": 3, "output_len": 2, "req_time": 0.0, "first_token_latency": 0.5, "request_latency": 1.0}
+    served = {
+        "adapter_dir": "a",
+        "prompt_len": 3,
+        "output_len": 2,
+        "req_time": 0.0,
+        "first_token_latency": 0.5,
+        "request_latency": 1.0,
+    }
     refused = {**served, "req_time": 0.1, "first_token_latency": -1, "request_latency": -1}
-    path = write_lines(tmp_path / "artifact.jsonl", {"config": {}, "result": {"total_time": 2.0, "responses": [served, refused]}})
+    path = write_lines(
+        tmp_path / "artifact.jsonl", {"config": {}, "result": {"total_time": 2.0, "responses": [served, refused]}}
+    )
     (result,) = read_results(path)
     assert [r.status for r in result.responses] == ["finished", "rejected"]
     assert result.count("finished") == 1
@@ -64,8 +80,22 @@ def test_clients_sort_numerically():
     assert result.clients == ["client0", "client2", "client10", "zeta"]
 
 
-GOOD = {"config": {}, "result": {"total_time": 1.0, "responses": [
-    {"client": "a", "prompt_len": 1, "output_len": 1, "req_time": 0, "first_token_latency": 0.5, "request_latency": 1}]}}
+GOOD = {
+    "config": {},
+    "result": {
+        "total_time": 1.0,
+        "responses": [
+            {
+                "client": "a",
+                "prompt_len": 1,
+                "output_len": 1,
+                "req_time": 0,
+                "first_token_latency": 0.5,
+                "request_latency": 1,
+            }
+        ],
+    },
+}
 
 
 def write_lines(path, *records):
@@ -82,16 +112,19 @@ def bad_response(**change):
     return record
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "not valid JSON"),
-    ({"config": {}}, "missing field 'result'"),
-    ({"result": {"responses": []}}, "missing field 'total_time'"),
-    (bad_response(req_time=None), "missing field 'req_time'"),
-    (bad_response(prompt_len="many"), "not a number"),
-    ({"result": []}, "expected"),
-    ({"result": {"total_time": "soon", "responses": []}}, "total_time is not a number"),
-    ({"result": {"total_time": 1.0, "responses": [5]}}, "expected"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ({"config": {}}, "missing field 'result'"),
+        ({"result": {"responses": []}}, "missing field 'total_time'"),
+        (bad_response(req_time=None), "missing field 'req_time'"),
+        (bad_response(prompt_len="many"), "not a number"),
+        ({"result": []}, "expected"),
+        ({"result": {"total_time": "soon", "responses": []}}, "total_time is not a number"),
+        ({"result": {"total_time": 1.0, "responses": [5]}}, "expected"),
+    ],
+)
 def test_malformed_lines_name_file_and_line(tmp_path, line, message):
     path = write_lines(tmp_path / "bad.jsonl", GOOD, "", line)
     with pytest.raises(UserError, match=message) as err:
@@ -115,22 +148,29 @@ def test_shared_profile_loads():
 
 
 def test_profile_round_trip(tmp_path):
-    points = [ProfilePoint(8, 1, 100, 0.002, 0.0003), ProfilePoint(8, 64, 90, 0.002, 0.03), ProfilePoint(16, 1, 80, 0.003, 0.0004)]
+    points = [
+        ProfilePoint(8, 1, 100, 0.002, 0.0003),
+        ProfilePoint(8, 64, 90, 0.002, 0.03),
+        ProfilePoint(16, 1, 80, 0.003, 0.0004),
+    ]
     save_profile(points, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == points
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{oops", "not valid JSON"),
-    ("[]", "non-empty object"),
-    ("{}", "non-empty object"),
-    ('{"8": [1, 2, 3]}', "entry '8' must map"),
-    ('{"8": {"1": [1, 0.1, 0.1]}}', "at least 3"),
-    ('{"8": {"1": [1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', r"entry \[8\]\[1\]"),
-    ('{"x": {"1": [1, 0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', r"entry \[x\]\[1\]"),
-    ('{"8": {"1": [0, 0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', "must be positive"),
-    ('{"8": {"1": [1, -0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', "non-negative"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{oops", "not valid JSON"),
+        ("[]", "non-empty object"),
+        ("{}", "non-empty object"),
+        ('{"8": [1, 2, 3]}', "entry '8' must map"),
+        ('{"8": {"1": [1, 0.1, 0.1]}}', "at least 3"),
+        ('{"8": {"1": [1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', r"entry \[8\]\[1\]"),
+        ('{"x": {"1": [1, 0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', r"entry \[x\]\[1\]"),
+        ('{"8": {"1": [0, 0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', "must be positive"),
+        ('{"8": {"1": [1, -0.1, 0.1], "2": [1, 0.1, 0.1], "3": [1, 0.1, 0.1]}}', "non-negative"),
+    ],
+)
 def test_bad_profiles_raise_user_error(tmp_path, text, message):
     path = tmp_path / "profile.json"
     path.write_text(text)

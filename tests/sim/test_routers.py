@@ -37,8 +37,14 @@ def test_prefix_affinity_keeps_a_prefix_together_and_spreads_prefixes():
     router = PrefixAffinity(prefix_tokens=8)
     shared = [1, *range(100, 108)]  # a BOS, then 8 ids
     first = router.route(Request("a", 20, 5, 0.0, prompt_ids=[*shared, *range(11)], added_tokens=1), ENGINES)
-    assert all(router.route(Request(c, 30, 5, 0.0, prompt_ids=[*shared, *range(50, 71)], added_tokens=1), ENGINES) == first for c in "abc")
-    spread = {router.route(Request("a", 9, 5, 0.0, prompt_ids=[1, *range(8 * k, 8 * k + 8)], added_tokens=1), ENGINES) for k in range(200)}
+    assert all(
+        router.route(Request(c, 30, 5, 0.0, prompt_ids=[*shared, *range(50, 71)], added_tokens=1), ENGINES) == first
+        for c in "abc"
+    )
+    spread = {
+        router.route(Request("a", 9, 5, 0.0, prompt_ids=[1, *range(8 * k, 8 * k + 8)], added_tokens=1), ENGINES)
+        for k in range(200)
+    }
     assert spread == {0, 1, 2, 3}
     by_client = {router.route(r(client="x"), ENGINES) for _ in range(5)}
     assert len(by_client) == 1
@@ -95,10 +101,18 @@ def test_ingress_skew():
     assert 150 < sum(spread) < 250
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("nope", "unknown router 'nope'"), ("d2lpm", "needs an argument"), ("d2lpm:x", "is not a number"), ("d2lpm:-3", "must be positive"),
-    ("round-robin:3", "takes no argument"), ("prefix-affinity:", "argument after ':' is missing"), ("prefix-affinity:1.5", "not an integer"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nope", "unknown router 'nope'"),
+        ("d2lpm", "needs an argument"),
+        ("d2lpm:x", "is not a number"),
+        ("d2lpm:-3", "must be positive"),
+        ("round-robin:3", "takes no argument"),
+        ("prefix-affinity:", "argument after ':' is missing"),
+        ("prefix-affinity:1.5", "not an integer"),
+    ],
+)
 def test_bad_router_specs(spec, message):
     with pytest.raises(UserError, match=message):
         build_router(spec)

@@ -141,8 +141,12 @@ def vtc_counters(sched) -> dict[str, float]:
 @given(st.lists(OPS, min_size=10, max_size=80), st.sampled_from(list(Lift)), st.booleans(), st.booleans())
 def test_a_forgetting_vtc_decides_as_one_that_never_forgets(ops, lift, predict, quirks):
     def make():
-        return VTC(lift=lift, predictor=UniformErrorPredictor(0.5, seed=3) if predict else None,
-                   extra_charge_at_finish=quirks, charge_recompute=quirks)
+        return VTC(
+            lift=lift,
+            predictor=UniformErrorPredictor(0.5, seed=3) if predict else None,
+            extra_charge_at_finish=quirks,
+            charge_recompute=quirks,
+        )
 
     replay(make, ops, vtc_counters)
 

@@ -322,7 +322,11 @@ def test_an_aborted_running_request_is_settled_like_a_finished_one():
 
 def test_uniform_predictor_stays_in_range_and_is_seeded():
     r = req("a", 10, 100)
-    p1, p2, p3 = UniformErrorPredictor(0.5, seed=7), UniformErrorPredictor(0.5, seed=7), UniformErrorPredictor(0.5, seed=8)
+    p1, p2, p3 = (
+        UniformErrorPredictor(0.5, seed=7),
+        UniformErrorPredictor(0.5, seed=7),
+        UniformErrorPredictor(0.5, seed=8),
+    )
     s1 = [p1.predict(r) for _ in range(200)]
     assert all(50 <= p <= 150 for p in s1)
     assert min(s1) < 60 and max(s1) > 140  # spreads over the range
@@ -384,20 +388,23 @@ def test_build_scheduler_by_name():
     assert isinstance(build_scheduler("vtc", []).cost, LinearCost)
 
 
-@pytest.mark.parametrize("spec, clients, message", [
-    ("rpm:abc", [], "'abc' is not an integer"),
-    ("rpm:0", [], "must be positive"),
-    ("rpm:-3", [], "must be positive"),
-    ("rpm", [], "needs an argument"),
-    ("wvtc:1,0", ["a", "b"], "weights must be positive"),
-    ("wvtc:-1,2", ["a", "b"], "weights must be positive"),
-    ("wvtc:1,x", ["a", "b"], "weights must be numbers"),
-    ("wvtc:1,2,3", ["a", "b"], "3 weights for 2 clients"),
-    ("wvtc:1", ["a", "b"], "1 weights for 2 clients"),
-    ("vtc-pred:1.5", [], "error ratio"),
-    ("vtc:3", [], "takes no argument"),
-    ("nope", [], "unknown scheduler 'nope'"),
-])
+@pytest.mark.parametrize(
+    "spec, clients, message",
+    [
+        ("rpm:abc", [], "'abc' is not an integer"),
+        ("rpm:0", [], "must be positive"),
+        ("rpm:-3", [], "must be positive"),
+        ("rpm", [], "needs an argument"),
+        ("wvtc:1,0", ["a", "b"], "weights must be positive"),
+        ("wvtc:-1,2", ["a", "b"], "weights must be positive"),
+        ("wvtc:1,x", ["a", "b"], "weights must be numbers"),
+        ("wvtc:1,2,3", ["a", "b"], "3 weights for 2 clients"),
+        ("wvtc:1", ["a", "b"], "1 weights for 2 clients"),
+        ("vtc-pred:1.5", [], "error ratio"),
+        ("vtc:3", [], "takes no argument"),
+        ("nope", [], "unknown scheduler 'nope'"),
+    ],
+)
 def test_bad_specs_raise_user_error(spec, clients, message):
     with pytest.raises(UserError, match=message):
         build_scheduler(spec, clients)

@@ -44,7 +44,10 @@ def test_profile_residuals_are_small_on_average():
         assert np.sqrt(np.mean(np.square(errors))) < 0.15
 
 
-@pytest.mark.parametrize("testbed, measured, scheduler", [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")])
+@pytest.mark.parametrize(
+    "testbed, measured, scheduler",
+    [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")],
+)
 def test_each_testbed_is_what_calibration_measures_on_its_reference_run(paper_results, testbed, measured, scheduler):
     """The shipped constants come from the documented procedure, run on the shipped data."""
     base = dataclasses.replace(A10G_STEP_MODEL, overhead_s=0.0, cold_start_s=0.0)
@@ -57,7 +60,10 @@ def test_the_server_sees_each_prompt_one_token_longer(paper_results, added, matc
     one token the simulator admits the measured VTC run's requests in the measured prefill batches,
     all 325 of them in order (256-token prompts: 11 per mini-batch of at most 3072 tokens, not 12)."""
     measured = first_run(paper_results("vtc_overload.jsonl"))
-    ours, theirs = prefill_batches(replay(TESTBEDS["a10g-2024"], measured, "vtc", added_tokens=added)), prefill_batches(measured)
+    ours, theirs = (
+        prefill_batches(replay(TESTBEDS["a10g-2024"], measured, "vtc", added_tokens=added)),
+        prefill_batches(measured),
+    )
     assert len(theirs) == 325
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     assert same == matching
@@ -69,7 +75,10 @@ def test_the_fcfs_run_matches_its_prefill_batches_until_its_own_irregularity(pap
     assert ours[:276] == theirs[:276]
 
 
-@pytest.mark.parametrize("testbed, measured, scheduler", [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")])
+@pytest.mark.parametrize(
+    "testbed, measured, scheduler",
+    [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")],
+)
 def test_a_testbed_reproduces_its_run_per_client(paper_results, testbed, measured, scheduler):
     c = compare(TESTBEDS[testbed], first_run(paper_results(measured)), scheduler)
     assert abs(c.throughput_error) < 0.01

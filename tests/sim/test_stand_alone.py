@@ -16,7 +16,16 @@ from conftest import REPO
 COMMANDS = [
     ["list"],
     ["run", "--suite", "real", "--scheduler", "vtc", "--duration", "60", "--out", "{out}/real.jsonl"],
-    ["replay", "traces/lmsys_real_trace.json", "--scheduler", "fcfs", "--duration", "30", "--out", "{out}/replay.jsonl"],
+    [
+        "replay",
+        "traces/lmsys_real_trace.json",
+        "--scheduler",
+        "fcfs",
+        "--duration",
+        "30",
+        "--out",
+        "{out}/replay.jsonl",
+    ],
     ["compare", "--suite", "overload", "--schedulers", "vtc", "wvtc:1,2", "--duration", "30"],
     ["figures", "--only", "overload,cost_profile", "--out", "{out}/figures", "--jobs", "1"],
     ["calibrate"],
@@ -54,7 +63,9 @@ def isolated(tmp_path_factory):
     script = RUNNER.format(heavy=HEAVY, out=str(out), commands=COMMANDS, report=str(report))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLORA_VTC")}
     env.update(HOME=str(home), PYTHONPATH=str(copy), MPLBACKEND="Agg", MPLCONFIGDIR=str(base / "mpl"))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=copy, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {**json.loads(report.read_text()), "copy": copy, "home": home, "out": out}
 
@@ -62,7 +73,9 @@ def isolated(tmp_path_factory):
 def test_every_command_works_from_a_lone_copy(isolated):
     assert isolated["codes"] == [0] * len(COMMANDS)
     assert Path(isolated["package"]).is_relative_to(isolated["copy"])
-    assert (isolated["out"] / "figures" / "overload.png").exists() and (isolated["out"] / "figures" / "cost_profile.png").exists()
+    assert (isolated["out"] / "figures" / "overload.png").exists() and (
+        isolated["out"] / "figures" / "cost_profile.png"
+    ).exists()
 
 
 def test_nothing_outside_the_repository_is_read(isolated):

@@ -54,7 +54,12 @@ def counted_runs(monkeypatch):
 
 def test_the_grid_is_the_product_of_its_lists_in_file_order(tmp_path):
     cells = load_grid(write(tmp_path, GRID))
-    assert [(c.settings["scheduler"], c.settings["seed"]) for c in cells] == [("vtc", 1), ("vtc", 2), ("fcfs", 1), ("fcfs", 2)]
+    assert [(c.settings["scheduler"], c.settings["seed"]) for c in cells] == [
+        ("vtc", 1),
+        ("vtc", 2),
+        ("fcfs", 1),
+        ("fcfs", 2),
+    ]
     assert all(c.settings["suite"] == "overload" and c.settings["duration"] == 20.0 for c in cells)
     assert isinstance(cells[0].settings["duration"], float)  # duration is a float field; TOML gave an integer
     assert len({c.id for c in cells}) == 4
@@ -66,7 +71,9 @@ def test_a_cell_id_names_the_run_not_how_the_file_spells_it(tmp_path):
     spelt_out = Cell({"suite": "overload", "scheduler": "vtc", "seed": 42, "cost": "linear"}, ("seed",))
     assert plain.id == spelt_out.id
     assert plain.id != Cell({"suite": "overload", "scheduler": "vtc", "seed": 43}).id
-    dashed = load_grid(write(tmp_path, '[grid]\npool-tokens = [20000]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\n'))
+    dashed = load_grid(
+        write(tmp_path, '[grid]\npool-tokens = [20000]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\n')
+    )
     assert dashed[0].id == Cell({"suite": "overload", "scheduler": "vtc", "pool_tokens": 20000}).id
 
 
@@ -79,7 +86,9 @@ def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, c
     for row in table.itertuples():
         result = run_experiment(Experiment(suite="overload", scheduler=row.scheduler, seed=row.seed, duration=20))
         expected = summary_row(result)  # what `slora-vtc run` prints for the same run
-        assert (row.fairness_max, row.fairness_avg, row.fairness_var) == pytest.approx((expected["diff max"], expected["diff avg"], expected["diff var"]))
+        assert (row.fairness_max, row.fairness_avg, row.fairness_var) == pytest.approx(
+            (expected["diff max"], expected["diff avg"], expected["diff var"])
+        )
         assert row.requests == REQUESTS_IN_20_S and row.finished + row.rejected + row.aborted == REQUESTS_IN_20_S
         assert row.throughput == pytest.approx(row.finished * (256 + 256) / row.total_time)
         assert set(json.loads(row.service_rates)) == {"client0", "client1"}
@@ -159,32 +168,48 @@ def test_without_ray_the_sweep_runs_locally_and_says_so(tmp_path, capsys, monkey
     code, _, stderr = sweep(capsys, write(tmp_path, GRID.replace('"fcfs"', '"lcf"')), "--out", tmp_path / "t.parquet")
     assert code == 0 and "ray is not installed" in stderr and "running the grid locally" in stderr
     code, _, stderr = sweep(capsys, write(tmp_path, GRID), "--address", "localhost:6379")
-    assert code == 2 and stderr.strip() == "slora-vtc: error: --address needs Ray, which is not installed: pip install -r requirements-ray.txt"
+    assert (
+        code == 2
+        and stderr.strip()
+        == "slora-vtc: error: --address needs Ray, which is not installed: pip install -r requirements-ray.txt"
+    )
 
 
 FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[grid]\nschedulr = ["vtc"]' + FIXED, "unknown setting 'grid.schedulr' (known: suite, scheduler, "),
-    ('[grid]\nscheduler = []' + FIXED, "grid.scheduler is an empty list"),
-    ('[grid]\nscheduler = "vtc"' + FIXED, "grid.scheduler must be a list of values"),
-    ('[grid]\nscheduler = ["vtc"]\nseed = [1, "two"]' + FIXED, "grid.seed = 'two' is not an integer"),
-    ('[grid]\nscheduler = ["vtc"]\nseed = [1.5]' + FIXED, "grid.seed = 1.5 is not an integer"),
-    ('[grid]\nscheduler = ["vtc"]\nprefix_cache = [1]' + FIXED, "grid.prefix_cache = 1 is not true or false"),
-    ('[grid]\nscheduler = ["vtc"]\npool_tokens = [true]' + FIXED, "grid.pool_tokens = True is not an integer"),
-    ('[grid]\nscheduler = ["vtc", "nope"]' + FIXED, "cell scheduler=nope: unknown scheduler 'nope'"),
-    ('[grid]\nscheduler = ["vtc"]\nsuite = ["overlord"]\n', "cell scheduler=vtc suite=overlord: unknown suite 'overlord'"),
-    ('[grid]\nscheduler = ["vtc"]\npool_tokens = [10000, 0]' + FIXED, "cell scheduler=vtc pool_tokens=0: --pool-tokens must be positive"),
-    ('[grid]\nscheduler = ["vtc"]\nseed = [1, 1]' + FIXED, "grid.seed lists 1 twice"),
-    ('[grid]\nscheduler = ["vtc"]\nduration = [20]' + FIXED, "'duration' is in both [grid] and [fixed]"),
-    ('[grid]\nscheduler = ["vtc"]\n', "every cell needs 'suite'"),
-    (FIXED, "no [grid] table"),
-    ('[grid]\nscheduler = ["vtc"]\n[runs]\nx = 1' + FIXED, "unknown table [runs]"),
-    ('[grid\n', "not valid TOML"),
-    ('[grid]\nscheduler = ["vtc"]\n[cluster]\nseed = 3' + FIXED, "cluster.seed is not a cluster setting"),
-    ('[grid]\nscheduler = ["vtc"]\n[cluster]\nreplicas = 0' + FIXED, "cell scheduler=vtc: --replicas must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[grid]\nschedulr = ["vtc"]' + FIXED, "unknown setting 'grid.schedulr' (known: suite, scheduler, "),
+        ("[grid]\nscheduler = []" + FIXED, "grid.scheduler is an empty list"),
+        ('[grid]\nscheduler = "vtc"' + FIXED, "grid.scheduler must be a list of values"),
+        ('[grid]\nscheduler = ["vtc"]\nseed = [1, "two"]' + FIXED, "grid.seed = 'two' is not an integer"),
+        ('[grid]\nscheduler = ["vtc"]\nseed = [1.5]' + FIXED, "grid.seed = 1.5 is not an integer"),
+        ('[grid]\nscheduler = ["vtc"]\nprefix_cache = [1]' + FIXED, "grid.prefix_cache = 1 is not true or false"),
+        ('[grid]\nscheduler = ["vtc"]\npool_tokens = [true]' + FIXED, "grid.pool_tokens = True is not an integer"),
+        ('[grid]\nscheduler = ["vtc", "nope"]' + FIXED, "cell scheduler=nope: unknown scheduler 'nope'"),
+        (
+            '[grid]\nscheduler = ["vtc"]\nsuite = ["overlord"]\n',
+            "cell scheduler=vtc suite=overlord: unknown suite 'overlord'",
+        ),
+        (
+            '[grid]\nscheduler = ["vtc"]\npool_tokens = [10000, 0]' + FIXED,
+            "cell scheduler=vtc pool_tokens=0: --pool-tokens must be positive",
+        ),
+        ('[grid]\nscheduler = ["vtc"]\nseed = [1, 1]' + FIXED, "grid.seed lists 1 twice"),
+        ('[grid]\nscheduler = ["vtc"]\nduration = [20]' + FIXED, "'duration' is in both [grid] and [fixed]"),
+        ('[grid]\nscheduler = ["vtc"]\n', "every cell needs 'suite'"),
+        (FIXED, "no [grid] table"),
+        ('[grid]\nscheduler = ["vtc"]\n[runs]\nx = 1' + FIXED, "unknown table [runs]"),
+        ("[grid\n", "not valid TOML"),
+        ('[grid]\nscheduler = ["vtc"]\n[cluster]\nseed = 3' + FIXED, "cluster.seed is not a cluster setting"),
+        (
+            '[grid]\nscheduler = ["vtc"]\n[cluster]\nreplicas = 0' + FIXED,
+            "cell scheduler=vtc: --replicas must be at least 1",
+        ),
+    ],
+)
 def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs, text, message):
     out = tmp_path / "t.parquet"
     code, stdout, stderr = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
@@ -192,10 +217,13 @@ def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs,
     assert counted_runs == [] and not out.exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--jobs", "0"], "--jobs must be at least 1"),
-    (["--local", "--address", "localhost:6379"], "give one of them"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--local", "--address", "localhost:6379"], "give one of them"),
+    ],
+)
 def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
     code, _, stderr = sweep(capsys, write(tmp_path, GRID), *argv)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
@@ -222,11 +250,14 @@ def is_png(path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
-@pytest.mark.parametrize("argv", [
-    ["--x", "pool_tokens", "--y", "fairness_max", "--hue", "scheduler"],  # numeric x: lines, seeds in the band
-    ["--x", "scheduler", "--y", "throughput", "--hue", "pool_tokens"],  # categorical x: bars
-    ["--x", "seed", "--y", "ttft_mean"],  # no hue: one series
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--x", "pool_tokens", "--y", "fairness_max", "--hue", "scheduler"],  # numeric x: lines, seeds in the band
+        ["--x", "scheduler", "--y", "throughput", "--hue", "pool_tokens"],  # categorical x: bars
+        ["--x", "seed", "--y", "ttft_mean"],  # no hue: one series
+    ],
+)
 def test_plot_sweep_writes_a_png(table, tmp_path, capsys, argv):
     png = tmp_path / "plot.png"
     assert main(["plot-sweep", str(table), *argv, "--out", str(png)]) == 0
@@ -238,12 +269,15 @@ def test_plot_sweep_writes_beside_the_table_by_default(table, capsys):
     assert is_png(table.with_name("t_throughput_by_seed.png"))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--x", "sched", "--y", "throughput"], "no column 'sched' in the table (known: cell, "),
-    (["--x", "scheduler", "--y", "thruput"], "no column 'thruput'"),
-    (["--x", "scheduler", "--y", "throughput", "--hue", "nope"], "no column 'nope'"),
-    (["--x", "seed", "--y", "scheduler"], "--y 'scheduler' is not a numeric column"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--x", "sched", "--y", "throughput"], "no column 'sched' in the table (known: cell, "),
+        (["--x", "scheduler", "--y", "thruput"], "no column 'thruput'"),
+        (["--x", "scheduler", "--y", "throughput", "--hue", "nope"], "no column 'nope'"),
+        (["--x", "seed", "--y", "scheduler"], "--y 'scheduler' is not a numeric column"),
+    ],
+)
 def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
     assert main(["plot-sweep", str(table), *argv]) == 2
     err = capsys.readouterr().err
@@ -280,4 +314,6 @@ def test_the_example_grid_checks():
 def test_a_cluster_table_sets_the_cluster_of_every_cell(tmp_path):
     text = '[grid]\nscheduler = ["vtc", "fcfs"]\n[cluster]\nreplicas = 4\nrouter = "least-load"\n[fixed]\nsuite = "overload"\n'
     cells = load_grid(write(tmp_path, text))
-    assert [c.settings for c in cells] == [{"suite": "overload", "replicas": 4, "router": "least-load", "scheduler": s} for s in ("vtc", "fcfs")]
+    assert [c.settings for c in cells] == [
+        {"suite": "overload", "replicas": 4, "router": "least-load", "scheduler": s} for s in ("vtc", "fcfs")
+    ]

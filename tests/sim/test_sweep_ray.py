@@ -38,8 +38,19 @@ register_scheduler("breaks", Entry(lambda arg, clients, opts: Breaks(), "raises 
 
 
 def cli(*argv, **env_vars) -> subprocess.CompletedProcess:
-    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "MPLBACKEND": "Agg", **env_vars}  # a local Ray unless told
-    return subprocess.run([sys.executable, "-m", "slora_vtc", *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+        "MPLBACKEND": "Agg",
+        **env_vars,
+    }  # a local Ray unless told
+    return subprocess.run(
+        [sys.executable, "-m", "slora_vtc", *map(str, argv)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +70,9 @@ def test_eight_cells_finish_on_a_local_ray(ray_sweep):
     assert first.returncode == 0, first.stderr
     assert "8 ok, 0 failed, 0 skipped" in first.stdout and "not installed" not in first.stderr
     assert len(table) == 8 and set(table["status"]) == {"ok"}
-    assert sorted(zip(table["scheduler"], table["seed"])) == sorted((s, n) for s in ["vtc", "fcfs", "lcf", "rpm:30"] for n in (1, 2))
+    assert sorted(zip(table["scheduler"], table["seed"])) == sorted(
+        (s, n) for s in ["vtc", "fcfs", "lcf", "rpm:30"] for n in (1, 2)
+    )
     assert (table["requests"] == 30 + 60).all() and (table["finished"] > 0).all()
     # rpm:30 refuses what a client sends beyond 30 a minute: client0 sends 30 in the 20 s, client1 60
     rpm = table[table["scheduler"] == "rpm:30"]
@@ -91,7 +104,10 @@ def test_a_cell_that_raises_in_its_ray_task_is_recorded_and_the_others_finish(tm
     assert len(table) == 8
     failed = table[table["status"] == "failed"]
     assert sorted(failed["scheduler"]) == ["breaks", "breaks"]
-    assert all(e in ("RuntimeError: broke on the arrival of client0", "RuntimeError: broke on the arrival of client1") for e in failed["error"])
+    assert all(
+        e in ("RuntimeError: broke on the arrival of client0", "RuntimeError: broke on the arrival of client1")
+        for e in failed["error"]
+    )
     assert (table[table["status"] == "ok"]["finished"] > 0).all()
 
 
@@ -100,9 +116,13 @@ def test_an_address_where_no_ray_answers_is_one_line(tmp_path):
     grid.write_text(GRID)
     proc = cli("sweep", grid, "--address", "127.0.0.1:1", "--out", tmp_path / "t.parquet")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["slora-vtc: error: Ray at '127.0.0.1:1' does not answer (Connection refused)"]
+    assert proc.stderr.strip().splitlines() == [
+        "slora-vtc: error: Ray at '127.0.0.1:1' does not answer (Connection refused)"
+    ]
     assert not (tmp_path / "t.parquet").exists()
-    from_env = cli("sweep", grid, "--out", tmp_path / "t.parquet", RAY_ADDRESS="127.0.0.1:1")  # Ray's convention: $RAY_ADDRESS
+    from_env = cli(
+        "sweep", grid, "--out", tmp_path / "t.parquet", RAY_ADDRESS="127.0.0.1:1"
+    )  # Ray's convention: $RAY_ADDRESS
     assert from_env.returncode == 2 and "Ray at '127.0.0.1:1' does not answer" in from_env.stderr
     bad = cli("sweep", grid, "--address", "nowhere")
     assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr and bad.stderr.count("\n") == 1

@@ -54,6 +54,7 @@ def one_line_error(capsys) -> str:
 
 # -- bad input: one line, exit 2 ------------------------------------------------------------
 
+
 def _pickled(path: Path) -> None:
     path.write_bytes(pickle.dumps([arena("a", 3, 4, tstamp=1.0)]))
 
@@ -64,17 +65,33 @@ BAD_INPUTS = {
     "logs.pkl": (_pickled, "is a Python pickle"),
     "pickle-named.jsonl": (_pickled, "is a Python pickle"),
     "broken.jsonl.gz": (lambda p: p.write_bytes(b"\x1f\x8b\x08\x00garbage"), "not a readable gzip file"),
-    "bad-iso.jsonl": (lambda p: write_jsonl(p, [arena("a", 3, 4, tstamp=1.0), arena("a", 3, 4, tstamp="yesterday noon")]),
-                      "record 2: field 'tstamp' is not a time"),
+    "bad-iso.jsonl": (
+        lambda p: write_jsonl(p, [arena("a", 3, 4, tstamp=1.0), arena("a", 3, 4, tstamp="yesterday noon")]),
+        "record 2: field 'tstamp' is not a time",
+    ),
     "lists.jsonl": (lambda p: write_jsonl(p, [arena("a", 3, 4), [1, 2]]), "record 2: expected an object"),
-    "list-lines.jsonl": (lambda p: write_jsonl(p, [["a", "b"], ["c", "d"]]), "record 1: expected an object (a conversation record), got a list"),
+    "list-lines.jsonl": (
+        lambda p: write_jsonl(p, [["a", "b"], ["c", "d"]]),
+        "record 1: expected an object (a conversation record), got a list",
+    ),
     "empty.jsonl": (lambda p: p.write_text("\n"), "no records"),
-    "string-turns.jsonl": (lambda p: write_jsonl(p, [{"model": "a", "conversation": ["hi", "yo"]}]),
-                           "record 1: field 'conversation' turn 1 is a string, expected an object with 'role' and 'content'"),
-    "not-a-list.jsonl": (lambda p: write_jsonl(p, [{"model": "a", "conversation": "hi"}]), "record 1: field 'conversation' must be a list of turns"),
-    "no-role.jsonl": (lambda p: write_jsonl(p, [{"conversations": [{"value": "hi"}]}]), "record 1: field 'conversations' turn 1: missing field 'from'"),
+    "string-turns.jsonl": (
+        lambda p: write_jsonl(p, [{"model": "a", "conversation": ["hi", "yo"]}]),
+        "record 1: field 'conversation' turn 1 is a string, expected an object with 'role' and 'content'",
+    ),
+    "not-a-list.jsonl": (
+        lambda p: write_jsonl(p, [{"model": "a", "conversation": "hi"}]),
+        "record 1: field 'conversation' must be a list of turns",
+    ),
+    "no-role.jsonl": (
+        lambda p: write_jsonl(p, [{"conversations": [{"value": "hi"}]}]),
+        "record 1: field 'conversations' turn 1: missing field 'from'",
+    ),
     "unknown.jsonl": (lambda p: write_jsonl(p, [{"text": "hi", "id": 3}]), "record 1: no conversation field"),
-    "bad-count.jsonl": (lambda p: write_jsonl(p, [arena("a", 3, 4, prompt_tokens="many")]), "record 1: field 'prompt_tokens' is not a whole number"),
+    "bad-count.jsonl": (
+        lambda p: write_jsonl(p, [arena("a", 3, 4, prompt_tokens="many")]),
+        "record 1: field 'prompt_tokens' is not a whole number",
+    ),
 }
 
 
@@ -105,6 +122,7 @@ def test_zero_requests_asked_for_is_an_error_not_a_crash(capsys):
 
 # -- timestamps -----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def india_time(monkeypatch):
     """A local zone 5:30 ahead of UTC, so treating naive times as local time would show."""
@@ -116,19 +134,27 @@ def india_time(monkeypatch):
 
 
 def test_iso_timestamps_naive_as_utc_mixed_with_unix_times(tmp_path, india_time):
-    raw = write_jsonl(tmp_path / "raw.jsonl", [
-        arena("a", 3, 4, tstamp="2023-04-01T10:00:00"),        # 1680343200, naive = UTC
-        arena("b", 3, 4, tstamp=1680343210),                   # 10 s later
-        arena("c", 3, 4, tstamp="2023-04-01T12:00:05+02:00"),  # 10:00:05 UTC: 5 s after a
-    ])
+    raw = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            arena("a", 3, 4, tstamp="2023-04-01T10:00:00"),  # 1680343200, naive = UTC
+            arena("b", 3, 4, tstamp=1680343210),  # 10 s later
+            arena("c", 3, 4, tstamp="2023-04-01T12:00:05+02:00"),  # 10:00:05 UTC: 5 s after a
+        ],
+    )
     records, _ = build_trace(str(raw), rate=1, duration=20, count_tokens=approx_count)
     assert [(r.client, r.arrival) for r in records] == [("a", 0.0), ("c", 10.0), ("b", 20.0)]
 
 
 def test_parquet_datetime_column_is_utc_and_a_gap_in_it_is_named(tmp_path, india_time):
     conversation = turns(("user", 3), ("assistant", 4))
-    frame = pd.DataFrame({"model": ["a", "b"], "conversation": [conversation] * 2,
-                          "tstamp": pd.to_datetime(["2023-04-01T10:00:00", "2023-04-01T10:00:10"])})
+    frame = pd.DataFrame(
+        {
+            "model": ["a", "b"],
+            "conversation": [conversation] * 2,
+            "tstamp": pd.to_datetime(["2023-04-01T10:00:00", "2023-04-01T10:00:10"]),
+        }
+    )
     frame.to_parquet(tmp_path / "raw.parquet")
     records, _ = build_trace(str(tmp_path / "raw.parquet"), 1, 20, approx_count)
     assert [(r.client, r.arrival) for r in records] == [("a", 0.0), ("b", 20.0)]
@@ -138,13 +164,18 @@ def test_parquet_datetime_column_is_utc_and_a_gap_in_it_is_named(tmp_path, india
 
 
 def test_mixed_timestamped_and_untimestamped_records_name_the_first_without(tmp_path, capsys):
-    raw = write_jsonl(tmp_path / "raw.jsonl", [arena("a", 3, 4, tstamp=1.0), arena("a", 3, 4, tstamp=2.0), arena("a", 3, 4), arena("a", 3, 4)])
+    raw = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [arena("a", 3, 4, tstamp=1.0), arena("a", 3, 4, tstamp=2.0), arena("a", 3, 4), arena("a", 3, 4)],
+    )
     assert main(build(raw)) == 2
     assert "record 3: missing field 'tstamp' while record 1 has one" in one_line_error(capsys)
 
 
 def test_arrivals_timestamps_without_any_says_what_to_do(tmp_path, capsys):
-    raw = write_jsonl(tmp_path / "lmsys.jsonl", [{"conversation_id": "x", **arena("a", 3, 4), "turn": 1, "language": "English"}])
+    raw = write_jsonl(
+        tmp_path / "lmsys.jsonl", [{"conversation_id": "x", **arena("a", 3, 4), "turn": 1, "language": "English"}]
+    )
     assert main(build(raw, "--arrivals", "timestamps")) == 2
     err = one_line_error(capsys)
     assert "record 1: missing field 'tstamp'" in err and "lmsys-chat-1m" in err and "--arrivals poisson" in err
@@ -153,7 +184,10 @@ def test_arrivals_timestamps_without_any_says_what_to_do(tmp_path, capsys):
 def test_arrivals_poisson_ignores_timestamps_even_unparseable_ones(tmp_path, capsys):
     raw = write_jsonl(tmp_path / "raw.jsonl", [arena("a", 3, 4, tstamp=100.0), arena("b", 3, 4, tstamp="not a time")])
     assert main(build(raw, "--arrivals", "poisson", "--seed", "3", rate="0.2")) == 0
-    assert "arrivals: poisson (--arrivals poisson): 2 uniform times on [0, 10] s, sorted, in record order (seed 3)" in capsys.readouterr().out
+    assert (
+        "arrivals: poisson (--arrivals poisson): 2 uniform times on [0, 10] s, sorted, in record order (seed 3)"
+        in capsys.readouterr().out
+    )
     records = read_trace(tmp_path / "trace.jsonl")
     assert [r.client for r in records] == ["a", "b"] and 0 < records[0].arrival < records[1].arrival < 10
 
@@ -165,9 +199,12 @@ def test_timestamp_rule_is_printed(tmp_path, capsys):
 
 # -- arrivals without timestamps ------------------------------------------------------------
 
+
 def lmsys(n: int) -> list[dict]:
     """n lmsys-chat-1m records (no timestamps), client i has i + 1 prompt words."""
-    return [{"conversation_id": f"id{i}", **arena(f"c{i}", i + 1, 2), "turn": 1, "language": "English"} for i in range(n)]
+    return [
+        {"conversation_id": f"id{i}", **arena(f"c{i}", i + 1, 2), "turn": 1, "language": "English"} for i in range(n)
+    ]
 
 
 def test_poisson_arrivals_are_sorted_uniform_draws_after_the_sample_in_record_order(tmp_path, capsys):
@@ -200,12 +237,26 @@ def test_poisson_sample_keeps_record_order_and_depends_on_the_seed(tmp_path):
 MIXED_LAYOUTS = [
     {"conversation_id": "l1", **arena("vicuna-13b", 3, 5), "turn": 1, "language": "English", "redacted": False},
     {"id": "s1", "conversations": turns(("human", 6), ("gpt", 7), role="from", text="value")},
-    {"id": "s2", "model": "gpt-4", "conversations": turns(("system", 2), ("human", 3), ("gpt", 4), role="from", text="value")},
+    {
+        "id": "s2",
+        "model": "gpt-4",
+        "conversations": turns(("system", 2), ("human", 3), ("gpt", 4), role="from", text="value"),
+    },
     {"messages": turns(("system", 4), ("user", 2), ("assistant", 9))},
     {"id": "s3", "conversations": turns(("human", 1), ("gpt", 1), ("human", 1), ("gpt", 1), role="from", text="value")},
     {"messages": turns(("user", 2), ("system", 2), ("assistant", 2))},  # a system message mid-chat
-    {"conversation_id": "l2", "model": "koala-13b", "conversation": turns(("user", 1), ("assistant", 1), ("user", 1), ("assistant", 1)), "turn": 2},
-    {"model_a": "x", "model_b": "y", "conversation_a": turns(("user", 1), ("assistant", 2)), "conversation_b": turns(("user", 1), ("assistant", 3))},
+    {
+        "conversation_id": "l2",
+        "model": "koala-13b",
+        "conversation": turns(("user", 1), ("assistant", 1), ("user", 1), ("assistant", 1)),
+        "turn": 2,
+    },
+    {
+        "model_a": "x",
+        "model_b": "y",
+        "conversation_a": turns(("user", 1), ("assistant", 2)),
+        "conversation_b": turns(("user", 1), ("assistant", 3)),
+    },
 ]
 
 
@@ -215,7 +266,13 @@ def test_layouts_are_detected_per_record(tmp_path):
     assert stats.records == 8 and stats.single_turn == 6 and stats.sampled == 6 and stats.arrivals == "poisson"
     # a leading system message is part of the prompt: bos + system + user tokens
     assert [(r.client, r.prompt_len, r.output_len) for r in records] == [
-        ("vicuna-13b", 4, 5), ("sharegpt", 7, 7), ("gpt-4", 6, 4), ("messages", 7, 9), ("x", 2, 2), ("y", 2, 3)]
+        ("vicuna-13b", 4, 5),
+        ("sharegpt", 7, 7),
+        ("gpt-4", 6, 4),
+        ("messages", 7, 9),
+        ("x", 2, 2),
+        ("y", 2, 3),
+    ]
 
 
 def test_client_field_names_the_client(tmp_path, capsys):
@@ -229,6 +286,7 @@ def test_client_field_names_the_client(tmp_path, capsys):
 
 
 # -- file formats ---------------------------------------------------------------------------
+
 
 def test_gzipped_jsonl_and_json_build_the_same_trace(tmp_path):
     plain = build_trace(FIXTURE, 0.05, 600, approx_count)[0]
@@ -285,7 +343,9 @@ def test_read_trace_reads_gzip(tmp_path, name):
 def test_read_trace_parquet_round_trip_and_missing_value(tmp_path):
     write_trace(RECORDS, tmp_path / "t.parquet")
     assert read_trace(tmp_path / "t.parquet") == RECORDS
-    pd.DataFrame({"client": ["a", "b"], "prompt_len": [3.0, None], "output_len": [4, 5], "req_time": [0.0, 1.0]}).to_parquet(tmp_path / "gap.parquet")
+    pd.DataFrame(
+        {"client": ["a", "b"], "prompt_len": [3.0, None], "output_len": [4, 5], "req_time": [0.0, 1.0]}
+    ).to_parquet(tmp_path / "gap.parquet")
     with pytest.raises(UserError, match=r"gap.parquet: request 1: missing field 'prompt_len'"):
         read_trace(tmp_path / "gap.parquet")
 
@@ -296,11 +356,20 @@ def test_read_trace_reads_a_pickle_whatever_its_name(tmp_path):
     assert read_trace(path) == RECORDS[:1]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda d: d, "is a directory"),
-    (lambda d: (d / "t.bin").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256))) and d / "t.bin", "not a text file"),
-    (lambda d: (d / "t.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00xx") and d / "t.jsonl.gz", "not a readable gzip file"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d, "is a directory"),
+        (
+            lambda d: (d / "t.bin").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256))) and d / "t.bin",
+            "not a text file",
+        ),
+        (
+            lambda d: (d / "t.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00xx") and d / "t.jsonl.gz",
+            "not a readable gzip file",
+        ),
+    ],
+)
 def test_read_trace_bad_files_are_one_line(tmp_path, make, message):
     path = make(tmp_path)
     with pytest.raises(UserError) as err:

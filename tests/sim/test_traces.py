@@ -24,7 +24,12 @@ def words(n: int) -> str:
 
 
 def chat(model: str, prompt: str, reply: str, tstamp: float, **extra) -> dict:
-    return {"model": model, "conversation": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}], "tstamp": tstamp, **extra}
+    return {
+        "model": model,
+        "conversation": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}],
+        "tstamp": tstamp,
+        **extra,
+    }
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -33,6 +38,7 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 # -- the pipeline ---------------------------------------------------------------------------
+
 
 def test_fixture_pipeline_drops_multi_turn_and_over_long_and_counts_clients():
     raw = load_raw(FIXTURE)
@@ -62,11 +68,14 @@ def test_sampling_is_deterministic_under_a_seed():
 
 
 def test_lengths_come_from_the_tokenizer_plus_bos_or_from_given_counts(tmp_path):
-    raw = write_jsonl(tmp_path / "raw.jsonl", [
-        chat("a", words(10), words(20), 100.0),
-        chat("b", words(3), words(4), 200.0, prompt_tokens=7, output_tokens=9),
-        chat("a", words(5), words(1100), 300.0),  # output >= 1024 tokens: dropped
-    ])
+    raw = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            chat("a", words(10), words(20), 100.0),
+            chat("b", words(3), words(4), 200.0, prompt_tokens=7, output_tokens=9),
+            chat("a", words(5), words(1100), 300.0),  # output >= 1024 tokens: dropped
+        ],
+    )
     records, stats = build_trace(str(raw), rate=1, duration=10, count_tokens=approx_count)
     assert stats.too_long == 1
     assert records == [RequestSpec("a", 11, 20, 0.0), RequestSpec("b", 7, 9, 10.0)]
@@ -102,14 +111,29 @@ def test_paper_trace_json():
     assert workload.duration == 600.0 and len(workload.clients) == 27
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"client": "a", "prompt_len": 3, "req_time": 1}', "t.jsonl:2: missing field 'output_len'"),
-    ('{"client": "a", "prompt_len": -3, "output_len": 4, "req_time": 1}', "t.jsonl:2: field 'prompt_len' must be positive"),
-    ('{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": "soon"}', "t.jsonl:2: field 'req_time' is not a number"),
-    ('{"client": "a", "prompt_len": 3, "output_len": 4.5, "req_time": 1}', "t.jsonl:2: field 'output_len' is not a whole number"),
-    ('{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": 0.5}', "t.jsonl:2: field 'req_time' goes back in time"),
-    ('{"client": "a", "prompt_len": 3', "t.jsonl:2: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"client": "a", "prompt_len": 3, "req_time": 1}', "t.jsonl:2: missing field 'output_len'"),
+        (
+            '{"client": "a", "prompt_len": -3, "output_len": 4, "req_time": 1}',
+            "t.jsonl:2: field 'prompt_len' must be positive",
+        ),
+        (
+            '{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": "soon"}',
+            "t.jsonl:2: field 'req_time' is not a number",
+        ),
+        (
+            '{"client": "a", "prompt_len": 3, "output_len": 4.5, "req_time": 1}',
+            "t.jsonl:2: field 'output_len' is not a whole number",
+        ),
+        (
+            '{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": 0.5}',
+            "t.jsonl:2: field 'req_time' goes back in time",
+        ),
+        ('{"client": "a", "prompt_len": 3', "t.jsonl:2: not valid JSON"),
+    ],
+)
 def test_malformed_jsonl_rows_name_file_line_and_field(tmp_path, line, message):
     path = tmp_path / "t.jsonl"
     path.write_text('{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": 1}\n' + line + "\n")
@@ -127,6 +151,7 @@ def test_malformed_csv_row_names_its_line(tmp_path):
 
 # -- the artifact's pickle ------------------------------------------------------------------
 
+
 @pytest.fixture
 def artifact_module(monkeypatch):
     """A stand-in for the artifact's `trace` module and its Request record."""
@@ -135,7 +160,12 @@ def artifact_module(monkeypatch):
     class Request:
         def __init__(self, req_id, adapter_dir, prompt_len, output_len, req_time):
             self.req_id, self.adapter_dir = req_id, adapter_dir
-            self.prompt, self.prompt_len, self.output_len, self.req_time = "Hello " * prompt_len, prompt_len, output_len, req_time
+            self.prompt, self.prompt_len, self.output_len, self.req_time = (
+                "Hello " * prompt_len,
+                prompt_len,
+                output_len,
+                req_time,
+            )
 
     Request.__module__, Request.__qualname__ = "trace", "Request"
     module.Request = Request

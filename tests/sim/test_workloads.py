@@ -87,8 +87,9 @@ def test_uniform_arrivals_are_evenly_spaced_and_all_kept():
         assert t[-1] > 600  # the last of the n = rate * duration arrivals lies past the duration
 
 
-@pytest.mark.parametrize("name, short, long_", [("poisson_short_long", (64, 64), (256, 256)),
-                                                ("poisson_short_long_2", (512, 32), (32, 512))])
+@pytest.mark.parametrize(
+    "name, short, long_", [("poisson_short_long", (64, 64), (256, 256)), ("poisson_short_long_2", (512, 32), (32, 512))]
+)
 def test_poisson_short_long(name, short, long_):
     specs = get_suite(name).workload().specs
     assert len(specs) == int(9.5 * 600)
