@@ -45,9 +45,10 @@ class Engine:
         self.clock = clock
         self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of, cache=config.prefix_cache)
         self.on_end = on_end
-        if config.admission == "optimistic" and not scheduler.supports_preemption:
+        if config.admission == "optimistic" and not scheduler.traits.preemption:
             raise UserError(
-                f"scheduler {type(scheduler).__name__} cannot take preempted requests back: it needs --admission conservative"
+                f"scheduler {type(scheduler).__name__} cannot take preempted requests back: "
+                "it needs --admission conservative"
             )
         self.running: list[Request] = []
         self._macro = config.macro_steps and backend.decodes_ahead and isinstance(clock, VirtualClock)
@@ -71,7 +72,8 @@ class Engine:
         return True
 
     def abort(self, req: Request, reason: str = "aborted", keep_cache: bool = True) -> None:
-        """End a waiting or running request now and free its slots (its K/V stay cached unless `keep_cache` is False)."""
+        """End a waiting or running request now and free its slots (its K/V stay cached unless
+        `keep_cache` is False)."""
         if req in self.running:
             self.running.remove(req)
             self._release(req, keep_cache)
@@ -206,7 +208,8 @@ class Engine:
     def _charge_and_grow(self, steps: int) -> None:
         """Each running request `steps` tokens longer (what append_token does for the tokens a
         simulator does not produce), charged before each as single steps charge."""
-        if self.scheduler.on_decode_steps(self.running, steps, self.clock.now()):
+        sched = self.scheduler
+        if sched.traits.lookahead and sched.charge_steps(self.running, steps, self.clock.now()):
             for req in self.running:
                 req.generated += steps
             return

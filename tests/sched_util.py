@@ -2,6 +2,7 @@
 
 import math
 
+from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request, State
 from slora_vtc.sched.base import Scheduler
 
@@ -12,8 +13,14 @@ class Plain(Scheduler):
     def on_arrival(self, req, now):
         return True
 
-    def select(self, budget, now):
-        return []
+    def peek(self, budget):
+        return None
+
+    def pop(self, req, now):
+        raise AssertionError("nothing to pop")
+
+    def remove(self, req):
+        return False
 
     def num_waiting(self):
         return 0
@@ -22,7 +29,7 @@ class Plain(Scheduler):
         return []
 
 
-class FakeBudget:
+class FakeBudget(AdmissionBudget):
     """A budget driven by dicts: `cached[rid]` cached tokens; `room` tokens to admit into (each
     request takes its extend tokens, prefill_len - cached); `offered` records every try_add."""
 

@@ -8,14 +8,14 @@ the same, which is what VTC's token counters fix.
 
 from collections import deque
 
-from slora_vtc.memory import Budget
+from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
 from slora_vtc.sched import Entry, Scheduler, register_scheduler
 
 
 class RoundRobin(Scheduler):
-    """One request per client per turn, clients in the order they started waiting; like every
-    scheduler here it stops at the first request that does not fit (head-of-line)."""
+    """One request per client per turn, clients in the order they started waiting. `select` (the
+    core's loop over peek and pop) stops at the first request that does not fit (head-of-line)."""
 
     def __init__(self):
         self._queues: dict[str, deque[Request]] = {}
@@ -28,14 +28,14 @@ class RoundRobin(Scheduler):
         queue.append(req)
         return True
 
-    def select(self, budget: Budget, now: float) -> list[Request]:
-        admitted = []
-        while self._turns and budget.try_add(self._queues[self._turns[0]][0]):
-            client = self._turns.popleft()
-            admitted.append(self._queues[client].popleft())
-            if self._queues[client]:
-                self._turns.append(client)
-        return admitted
+    def peek(self, budget: AdmissionBudget) -> Request | None:
+        return self._queues[self._turns[0]][0] if self._turns else None
+
+    def pop(self, req: Request, now: float) -> None:
+        client = self._turns.popleft()
+        self._queues[client].popleft()
+        if self._queues[client]:
+            self._turns.append(client)
 
     def num_waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())

@@ -305,7 +305,7 @@ def check(exp: Experiment) -> None:
             f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)"
         )
     if config.admission == "optimistic":
-        _check_optimistic(exp, requests, config, scheduler.supports_preemption)
+        _check_optimistic(exp, requests, config, scheduler.traits.preemption)
 
 
 def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> None:

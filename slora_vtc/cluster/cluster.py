@@ -34,7 +34,7 @@ class Cluster:
         self.engines = engines
         self.router = router
         self.replica_of: dict[int, int] = {}  # rid -> the replica it was routed to (push) or last admitted by (pull)
-        for i, engine in enumerate(engines):
+        for engine in engines:
             engine.on_end = self._end_hook(engine.on_end)
         self._active = [False] * len(engines)
         self._idle: set[int] = set(range(len(engines)))

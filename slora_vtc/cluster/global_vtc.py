@@ -16,13 +16,13 @@ from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
-from slora_vtc.sched.vtc import VTC
 
 
 class GlobalVTC(Router):
     """One cluster-wide queue (or K synchronised ones) that the replicas pull from."""
 
     pulls = True
+    instances = True
 
     def __init__(self, options: RouterOptions):
         self.options = options
@@ -37,9 +37,10 @@ class GlobalVTC(Router):
         if o.routers == 1:
             return new_scheduler()
         routers = [new_scheduler() for _ in range(o.routers)]
-        if not all(isinstance(r, VTC) for r in routers):
+        if not all(r.traits.shareable for r in routers):
             raise UserError(
-                f"--routers {o.routers}: each router keeps VTC counters, so --scheduler must be a VTC (vtc, wvtc, lcf, vtc-...)"
+                f"--routers {o.routers}: each router keeps VTC counters, so --scheduler must be a VTC "
+                "(vtc, wvtc, lcf, vtc-...)"
             )
         return RouterGroup(routers, Ingress(o.routers, o.clients, o.ingress_skew, o.seed), o.sync_s)
 

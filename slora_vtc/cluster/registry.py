@@ -47,7 +47,8 @@ ROUTERS: dict[str, RouterEntry] = {
     ),
     "d2lpm": RouterEntry(
         lambda a, o: D2LPM(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
-        "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding (replicas run dlpm:Q_u)",
+        "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding "
+        "(replicas run dlpm:Q_u)",
         "QW",
     ),
     "global-vtc": RouterEntry(
@@ -67,8 +68,9 @@ def build_router(spec: str, options: RouterOptions = RouterOptions()) -> Router:
     """Build a router from `name` or `name:ARG`; raise UserError naming what is wrong."""
     entry, arg = resolve_spec("router", spec, ROUTERS)
     router = entry.factory(arg, options)
-    if options.routers > 1 and not isinstance(router, GlobalVTC):
+    if options.routers > 1 and not router.instances:
         raise UserError(
-            f"--routers {options.routers}: only global-vtc has router instances with their own counters, not '{spec.partition(':')[0]}'"
+            f"--routers {options.routers}: only global-vtc has router instances with their own counters, "
+            f"not '{spec.partition(':')[0]}'"
         )
     return router

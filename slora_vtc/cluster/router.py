@@ -34,6 +34,7 @@ class Router(ABC):
 
     pulls = False
     stateless = False  # True: `route` depends on the requests alone (never on the replicas' state), so it may run ahead
+    instances = False  # True: `--routers K` runs K instances of it, each with its own counters (global-vtc)
 
     def schedulers(self, n: int, new_scheduler: NewScheduler, on_admit: AdmitHook) -> list[Scheduler]:
         """Each replica's scheduler: by default its own."""
@@ -43,7 +44,7 @@ class Router(ABC):
     def route(self, req: Request, engines: list[Engine]) -> int:
         """The replica the request goes to."""
 
-    def on_end(self, req: Request, replica: int) -> None:
+    def on_end(self, req: Request, replica: int) -> None:  # noqa: B027 (a hook: most routers learn nothing)
         """A request routed to `replica` ended (finished, rejected or aborted); -1: it never reached one."""
 
 

@@ -24,35 +24,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from slora_vtc.memory.admission import Budget
+from slora_vtc.memory.budget import UNLIMITED, AdmissionBudget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Scheduler, arrival_key
-from slora_vtc.sched.vtc import VTC
-
-
-class OneRequest:
-    """A budget that admits at most one request (then reports the rest as not fitting)."""
-
-    def __init__(self, budget: Budget):
-        self._budget = budget
-        self.used = False
-
-    def try_add(self, req: Request) -> bool:
-        if self.used:
-            return False
-        self.used = self._budget.try_add(req)
-        return self.used
-
-    def cached_len(self, req: Request) -> int:
-        return self._budget.cached_len(req)
-
-
-def least_waiting(vtc: VTC) -> str | None:
-    return vtc.min_waiting_client()
-
-
-def set_counter(vtc: VTC, client: str, value: float) -> None:
-    vtc.set_counter(client, value)
+from slora_vtc.sched.base import Scheduler, Traits, arrival_key
+from slora_vtc.sched.ledger import Ledger
 
 
 class Ingress:
@@ -70,10 +45,13 @@ class Ingress:
         return int(self._rng.integers(self.routers))
 
 
-class RouterGroup(Scheduler):
-    """K VTC routers with periodic counter synchronisation (module docstring)."""
+class RouterGroup(Scheduler, Ledger):
+    """K least-counter-first routers (each `Traits.shareable`) with periodic counter synchronisation
+    (module docstring). Every call goes to the router a request entered by."""
 
-    def __init__(self, routers: list[VTC], ingress: Callable[[Request], int], sync_s: float | None):
+    traits = Traits(ledger=True, weights=True, preemption=True)
+
+    def __init__(self, routers: list[Scheduler], ingress: Callable[[Request], int], sync_s: float | None):
         self.routers = routers
         self.ingress = ingress
         self.sync_s = sync_s
@@ -84,7 +62,7 @@ class RouterGroup(Scheduler):
         self._totals: dict[str, float] = {}
         self._elsewhere: list[set[str]] = [set() for _ in routers]
 
-    # -- synchronisation ------------------------------------------------------------------
+    # -- synchronisation ------------------------------------------------------------------------
     def _maybe_sync(self, now: float) -> None:
         if now < self._next_sync:
             return
@@ -96,18 +74,18 @@ class RouterGroup(Scheduler):
         """Cluster-wide counters: the last totals plus each router's increase since."""
         names = {c for r in self.routers for c in r.counters()}
         last = self._totals
-        return {c: last.get(c, 0.0) + sum(r.counter(c) - last.get(c, 0.0) for r in self.routers) for c in names}
+        return {c: last.get(c, 0.0) + sum(r.counter_of(c) - last.get(c, 0.0) for r in self.routers) for c in names}
 
     def _sync(self) -> None:
         self._totals = self.totals()
         for r in self.routers:
             for client, value in self._totals.items():
-                set_counter(r, client, value)
+                r.set_counter(client, value)
         waiting = [{c for c, n in r.waiting_by_client().items() if n} for r in self.routers]
         self._elsewhere = [set().union(*(w for j, w in enumerate(waiting) if j != k)) for k in range(len(self.routers))]
         self.syncs += 1
 
-    # -- dispatch -------------------------------------------------------------------------
+    # -- dispatch: which router's least-counter client goes next -----------------------------------
     def _dispatcher(self) -> int | None:
         k_all = len(self.routers)
         asked = [(self._turn + i) % k_all for i in range(k_all)]
@@ -119,22 +97,24 @@ class RouterGroup(Scheduler):
 
     def _least_served_here(self, k: int) -> bool:
         router = self.routers[k]
-        best = least_waiting(router)
-        mine = router.counter(best)
-        return all(mine <= router.counter(c) for c in self._elsewhere[k] if c != best)
+        best = router.peek(UNLIMITED).client
+        mine = router.counter_of(best)
+        return all(mine <= router.counter_of(c) for c in self._elsewhere[k] if c != best)
 
-    def select(self, budget: Budget, now: float) -> list[Request]:
-        self._maybe_sync(now)
-        admitted: list[Request] = []
-        while (k := self._dispatcher()) is not None:
-            got = self.routers[k].select(OneRequest(budget), now)
-            if not got:
-                break
-            admitted += got
-            self._turn = (k + 1) % len(self.routers)
-        return admitted
+    def select(self, budget: AdmissionBudget, now: float) -> list[Request]:
+        self._maybe_sync(now)  # once per round, before its first dispatch
+        return super().select(budget, now)
 
-    # -- the rest of the scheduler interface, by owner --------------------------------------
+    def peek(self, budget: AdmissionBudget) -> Request | None:
+        k = self._dispatcher()
+        return None if k is None else self.routers[k].peek(budget)
+
+    def pop(self, req: Request, now: float) -> None:
+        k = self._owner[req.rid]
+        self.routers[k].pop(req, now)
+        self._turn = (k + 1) % len(self.routers)
+
+    # -- the rest of the core, by owner ------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> bool:
         self._maybe_sync(now)
         k = self.ingress(req)
@@ -147,27 +127,34 @@ class RouterGroup(Scheduler):
             groups[self._owner[req.rid]].append(req)
         return groups
 
-    def on_decode_step(self, running: list[Request], now: float) -> None:
-        self._maybe_sync(now)
-        for router, group in zip(self.routers, self._by_owner(running)):
-            if group:
-                router.on_decode_step(group, now)
+    def on_prefill(self, req: Request, computed: int, cached: int, now: float) -> float:
+        return self.routers[self._owner[req.rid]].on_prefill(req, computed, cached, now)
 
-    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+    def on_decode_step(self, running: list[Request], now: float) -> float:
+        self._maybe_sync(now)
+        return sum(
+            router.on_decode_step(group, now) for router, group in zip(self.routers, self._by_owner(running)) if group
+        )
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> float:
+        charged = 0.0
         for router, done, part in zip(self.routers, self._by_owner(finished), self._by_owner(batch)):
             if part:
-                router.on_finish(done, part, now)
+                charged += router.on_finish(done, part, now)
         for req in finished:
             self._owner.pop(req.rid, None)
+        return charged
 
-    def on_abort(self, req: Request, now: float) -> None:
-        self.routers[self._owner.pop(req.rid)].on_abort(req, now)
+    def on_abort(self, req: Request, now: float) -> float:
+        return self.routers[self._owner.pop(req.rid)].on_abort(req, now)
 
     def on_preempt(self, req: Request, now: float) -> None:
         self.routers[self._owner[req.rid]].on_preempt(req, now)
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
-        return max(running, key=lambda r: (self.routers[self._owner[r.rid]].counter(r.client), arrival_key(r)))
+        """Each router's victim among its own requests; of those, the largest counter (then the latest)."""
+        victims = [r.choose_victim(group, now) for r, group in zip(self.routers, self._by_owner(running)) if group]
+        return max(victims, key=lambda v: (self.routers[self._owner[v.rid]].counter_of(v.client), arrival_key(v)))
 
     def remove(self, req: Request) -> bool:
         k = self._owner.get(req.rid)
@@ -192,5 +179,30 @@ class RouterGroup(Scheduler):
                 merged[c] = merged.get(c, 0) + n
         return merged
 
+    # -- the ledger: the cluster-wide totals ---------------------------------------------------------
     def counters(self) -> dict[str, float]:
         return self.totals()
+
+    def counter_of(self, client: str) -> float:
+        last = self._totals.get(client, 0.0)
+        return last + sum(r.counter_of(client) - last for r in self.routers)
+
+    def weight_of(self, client: str) -> float:
+        return self.routers[0].weight_of(client)
+
+    def set_weight(self, client: str, weight: float) -> None:
+        for r in self.routers:
+            r.set_weight(client, weight)
+
+    def adjust(self, client: str, delta: float) -> None:
+        """A correction counts once in the totals: it goes to the first router."""
+        self.routers[0].adjust(client, delta)
+
+    def set_counter(self, client: str, value: float) -> None:
+        self._totals[client] = value
+        for r in self.routers:
+            r.set_counter(client, value)
+
+    def forget(self, client: str, now: float) -> bool:
+        """Nothing is dropped: synchronising needs every client's last total (clusters never forget)."""
+        return True

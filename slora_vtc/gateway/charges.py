@@ -1,10 +1,11 @@
 """What the scheduler charges a request through the gateway, and how a charge is corrected.
 
-The gateway drives the scheduler as the engine does: `select` charges the prompt at dispatch,
+The gateway drives the scheduler as the engine does: `on_prefill` charges the prompt at dispatch,
 `on_decode_step` charges each streamed token after the first (the engine's first token comes with
-the prefill, free), `on_finish` / `on_abort` settle a prediction. The gateway only sees an
-estimate of the prompt's length until the upstream's `usage` arrives; it then corrects the
-counter by the difference. A request that fails is refunded whatever it was charged.
+the prefill, free), `on_finish` / `on_abort` settle a prediction; each call returns what it charged,
+which the request's ticket adds up. The gateway only sees an estimate of the prompt's length until
+the upstream's `usage` arrives; it then corrects the counter by the difference. A request that fails
+is refunded whatever it was charged.
 
 Only VTC-family schedulers keep counters; for the others every correction is a no-op.
 """
@@ -24,24 +25,22 @@ def engine_charge(cost: CostFunction, prompt: float, tokens: int) -> float:
     return cost(prompt, 0) + (cost(prompt, tokens) - cost(prompt, 1) if tokens >= 1 else 0.0)
 
 
-class Counters:
-    """Reads and corrects a scheduler's counters through its interface (counter_of, weight_of, adjust):
-    under rate limits too, and nothing to do for a scheduler without counters."""
+class Corrections:
+    """Corrects what a scheduler charged, through its ledger (`Traits.ledger`): under rate limits too,
+    and nothing to do for a scheduler without counters."""
 
     def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
+        self.ledger = scheduler if scheduler.traits.ledger else None
 
-    def kept(self, client: str) -> bool:
-        """Whether the scheduler keeps a counter (a VTC-family scheduler)."""
-        return self.scheduler.counter_of(client) is not None
-
-    def counter(self, client: str) -> float:
-        return self.scheduler.counter_of(client) or 0.0
+    @property
+    def kept(self) -> bool:
+        """Whether the scheduler keeps counters (a VTC-family scheduler)."""
+        return self.ledger is not None
 
     def adjust(self, client: str, delta: float) -> None:
         """Add `delta` (in counter units: service / weight) to a client's counter."""
-        if delta:
-            self.scheduler.adjust(client, delta)
+        if delta and self.ledger is not None:
+            self.ledger.adjust(client, delta)
 
     def weight(self, client: str) -> float:
-        return self.scheduler.weight_of(client)
+        return self.ledger.weight_of(client) if self.ledger is not None else 1.0

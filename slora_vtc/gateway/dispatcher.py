@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slora_vtc.cost import CostFunction
-from slora_vtc.gateway.charges import Counters, engine_charge
+from slora_vtc.gateway.charges import Corrections, engine_charge
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
+from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request, State
 from slora_vtc.sched import Scheduler
 from slora_vtc.sched.shedding import queue_refuses
@@ -58,26 +59,15 @@ class ClientStats:
             self.outcomes[outcome] += count
 
 
-class SlotBudget:
-    """The scheduler's Budget (memory/admission.py) for the gateway: room for one request, on the
-    upstream with the most free slots. Requests carry no token ids, so nothing is cached.
+class SlotBudget(AdmissionBudget):
+    """The gateway's admission budget: room for one request per free in-flight slot on the upstreams
+    (each admitted request takes one at once). Requests carry no token ids, so nothing is cached."""
 
-    It notes the client's counter as the scheduler admits, so that the dispatcher knows exactly
-    what `select` charged (and can refund it)."""
-
-    def __init__(self, counters: Counters):
-        self._counters = counters
-        self.taken: Request | None = None
-        self.counter_before = 0.0
+    def __init__(self, pool: UpstreamPool):
+        self.pool = pool
 
     def try_add(self, req: Request) -> bool:
-        if self.taken is not None:
-            return False
-        self.taken, self.counter_before = req, self._counters.counter(req.client)
-        return True
-
-    def cached_len(self, req: Request) -> int:
-        return 0
+        return self.pool.best() is not None
 
 
 class Dispatcher:
@@ -94,7 +84,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.scheduler, self.pool, self.cost, self.max_waiting = scheduler, pool, cost, max_waiting
-        self.counters = Counters(scheduler)
+        self.corrections = Corrections(scheduler)
         self.stats: dict[str, ClientStats] = defaultdict(ClientStats)
         self._clock, self._start = clock, clock()
         self._waiting: dict[int, Ticket] = {}
@@ -170,18 +160,17 @@ class Dispatcher:
                 self.idle[client] = now  # some of its scheduler state may go after another idle period
 
     def pump(self) -> None:
-        """Dispatch waiting requests while some upstream has a free slot."""
-        while self._waiting and (upstream := self.pool.best()) is not None:
-            budget = SlotBudget(self.counters)
-            admitted = self.scheduler.select(budget, self.now())
-            if not admitted:
-                return
-            self._dispatch(self._waiting.pop(admitted[0].rid), upstream, budget.counter_before)
+        """Dispatch waiting requests, in the scheduler's order, while some upstream has a free slot."""
+        sched, budget, now = self.scheduler, SlotBudget(self.pool), self.now()
+        while self._waiting and (req := sched.peek(budget)) is not None and budget.try_add(req):
+            sched.pop(req, now)
+            charged = sched.on_prefill(req, req.prompt_len, 0, now)
+            self._dispatch(self._waiting.pop(req.rid), self.pool.best(), charged)
 
-    def _dispatch(self, ticket: Ticket, upstream: Upstream, counter_before: float) -> None:
+    def _dispatch(self, ticket: Ticket, upstream: Upstream, charged: float) -> None:
         req = ticket.request
         req.state = State.RUNNING
-        ticket.charged += self.counters.counter(req.client) - counter_before
+        ticket.charged += charged
         ticket.upstream = upstream
         self.pool.acquire(upstream)
         self.stats[req.client].inflight += 1
@@ -194,14 +183,14 @@ class Dispatcher:
         """Charge the request as if it produced all of max_tokens (beyond what `select` charged
         already: a predicting VTC's own prediction); `reconcile` takes it back for the true count."""
         req = ticket.request
-        if not self.counters.kept(req.client):
+        if not self.corrections.kept:
             return
         extra = (
-            engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.counters.weight(req.client)
+            engine_charge(self.cost, req.prompt_len, req.max_new_tokens) / self.corrections.weight(req.client)
             - ticket.charged
         )
         if extra > 0:
-            self.counters.adjust(req.client, extra)
+            self.corrections.adjust(req.client, extra)
             ticket.charged += extra
             ticket.predicted = extra
 
@@ -231,7 +220,7 @@ class Dispatcher:
         req, now = ticket.request, self.now()
         for _ in range(count):
             if req.generated:  # the first token comes with the prefill, free (as in the engine)
-                self._measured(ticket, self.scheduler.on_decode_step, [req], now)
+                ticket.charged += self.scheduler.on_decode_step([req], now)
             req.append_token(None, now)
             self._serve(ticket, self.cost(req.prompt_len, req.generated) - self.cost(req.prompt_len, req.generated - 1))
 
@@ -240,7 +229,7 @@ class Dispatcher:
         estimate (counter and ledger) to its true length. A prediction made at dispatch is taken back first."""
         req = ticket.request
         if ticket.predicted:
-            self.counters.adjust(req.client, -ticket.predicted)
+            self.corrections.adjust(req.client, -ticket.predicted)
             ticket.charged -= ticket.predicted
             ticket.predicted = 0.0
         if completion_tokens is not None and completion_tokens > req.generated:
@@ -249,8 +238,8 @@ class Dispatcher:
             delta = engine_charge(self.cost, prompt_tokens, req.generated) - engine_charge(
                 self.cost, req.prompt_len, req.generated
             )
-            delta /= self.counters.weight(req.client)
-            self.counters.adjust(req.client, delta)
+            delta /= self.corrections.weight(req.client)
+            self.corrections.adjust(req.client, delta)
             ticket.charged += delta
             req.prompt_len = prompt_tokens
         self._serve(ticket, self.cost(req.prompt_len, req.generated) - ticket.service)
@@ -264,7 +253,7 @@ class Dispatcher:
         if ticket.request.ended:
             return
         req = ticket.request
-        self._measured(ticket, self.scheduler.on_finish, [req], [req], self.now())
+        ticket.charged += self.scheduler.on_finish([req], [req], self.now())
         ticket.upstream.finished += 1
         self._end(ticket, State.FINISHED, "finished")
 
@@ -277,8 +266,8 @@ class Dispatcher:
         if ticket.upstream is None:
             self._withdraw(ticket, outcome)
             return
-        self._measured(ticket, self.scheduler.on_abort, req, self.now())
-        self.counters.adjust(req.client, -ticket.charged)
+        ticket.charged += self.scheduler.on_abort(req, self.now())
+        self.corrections.adjust(req.client, -ticket.charged)
         ticket.charged = 0.0
         self._serve(ticket, -ticket.service)
         self._end(ticket, State.ABORTED, outcome)
@@ -291,14 +280,8 @@ class Dispatcher:
         if ticket.upstream is None:
             self._withdraw(ticket, "aborted")
             return
-        self._measured(ticket, self.scheduler.on_abort, req, self.now())
+        ticket.charged += self.scheduler.on_abort(req, self.now())
         self._end(ticket, State.ABORTED, "aborted")
-
-    def _measured(self, ticket: Ticket, call, *args) -> None:
-        """Call the scheduler and add what it charged (or settled) this request's client to the ticket."""
-        before = self.counters.counter(ticket.request.client)
-        call(*args)
-        ticket.charged += self.counters.counter(ticket.request.client) - before
 
     def _withdraw(self, ticket: Ticket, outcome: str) -> None:
         """A request that was never dispatched leaves the queue."""

@@ -26,7 +26,7 @@ class _Collector:
         d = self.ctx.dispatcher
         stats = dict(d.stats)
         waiting = d.scheduler.waiting_by_client()
-        counters = d.scheduler.counters()
+        counters = d.scheduler.counters() if d.scheduler.traits.ledger else {}
         names = sorted(set(stats) | set(waiting), key=lambda c: -stats[c].service if c in stats else 0)
         label = {name: name if i < self.max_labels else OTHER for i, name in enumerate(names)}
 

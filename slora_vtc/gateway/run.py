@@ -12,11 +12,8 @@ from slora_vtc.gateway.config import DEFAULT_MAX_INFLIGHT, GatewayConfig, upstre
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
-from slora_vtc.sched import DLPM, LPM, SchedulerOptions
-from slora_vtc.sched.limits import RateLimited
+from slora_vtc.sched import SchedulerOptions
 from slora_vtc.server.clients import load_clients, scheduler_for
-
-NEEDS_PREFIXES = (LPM, DLPM)  # they order by the prefix cache's hits: the gateway sees no token ids
 
 
 def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:
@@ -24,8 +21,7 @@ def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:
     config.check()
     clients = load_clients(config.clients_file)
     scheduler = scheduler_for(config.scheduler, clients)
-    inner = scheduler.inner if isinstance(scheduler, RateLimited) else scheduler
-    if isinstance(inner, NEEDS_PREFIXES):
+    if scheduler.traits.needs_token_ids:
         raise UserError(
             f"scheduler '{config.scheduler}' needs prompt token ids and a prefix cache, which a gateway does not see: "
             "use one that needs only token counts (fcfs, rpm, vtc, lcf, wvtc, vtc-...)"

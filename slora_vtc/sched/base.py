@@ -1,105 +1,110 @@
-"""The scheduler interface. Schedulers see requests, token counts and `now`; never tensors."""
+"""The scheduler core: what every driver uses. Schedulers see requests, token counts and `now`; never
+tensors, never a clock.
+
+A driver (the engine, the gateway, a cluster's pull router, a peek/pop queue such as vLLM's waiting
+queue) hands requests in (`on_arrival`), asks which to admit (`peek` then `pop`, or `select`, which
+is that loop under an admission budget), takes one back out (`remove`, `drain`), and reports the
+service as it is delivered (`on_prefill`, `on_decode_step`, `on_finish`, `on_abort`, `on_preempt`).
+Each service event returns what it charged (counter units; negative: a refund), so that no driver
+reads counters before and after a call. docs/design.md ("Schedulers and their drivers") lists which
+calls each driver makes.
+
+What a scheduler needs from its driver and offers beyond the core, it declares in `traits`:
+the counters of `sched/ledger.py` (`Ledger`), the macro-step look-ahead of `sched/lookahead.py`
+(`LookAhead`), preemption, token ids. Drivers read the traits, never the class.
+"""
 
 from abc import ABC, abstractmethod
 from collections import deque
+from dataclasses import dataclass
 
-from slora_vtc.memory.admission import Budget
+from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What a scheduler needs and offers."""
+
+    needs_token_ids: bool = False  # orders by what the prefix cache holds: a driver without ids cannot use it
+    ledger: bool = False  # keeps per-client counters: the Ledger methods answer (counter_of, adjust, forget, ...)
+    weights: bool = False  # takes per-client share weights (Ledger.set_weight)
+    preemption: bool = False  # takes preempted requests back (on_preempt) and picks victims that make sense
+    shareable: bool = False  # least counter first: several router instances can share and sync its counters
+    lookahead: bool = False  # tells macro-steps what its next decode steps charge and select tries (LookAhead)
+
+
 class Scheduler(ABC):
-    """Decides which waiting requests join the running batch, and in which order.
+    """Decides which waiting requests run next, and in which order; charges service as it is delivered."""
 
-    The engine calls `on_arrival` for every new request, `select` when it may admit, and
-    `on_decode_step` / `on_finish` so that counter-based schedulers can charge service.
-    """
+    traits = Traits()
 
+    # -- the queue ----------------------------------------------------------------------------
     @abstractmethod
     def on_arrival(self, req: Request, now: float) -> bool:
         """Queue the request; return False to reject it (it is then never served)."""
 
     @abstractmethod
-    def select(self, budget: Budget, now: float) -> list[Request]:
-        """Pop and return the requests to admit, stopping at the first that does not fit."""
+    def peek(self, budget: AdmissionBudget) -> Request | None:
+        """The waiting request this scheduler would admit next (None: none). It stays waiting;
+        asked again with nothing changed in between, the answer is the same request."""
+
+    @abstractmethod
+    def pop(self, req: Request, now: float) -> None:
+        """Take `req`, the request `peek` just returned, out of the queue: it runs now."""
+
+    @abstractmethod
+    def remove(self, req: Request) -> bool:
+        """Take a waiting request out for good (an abort, a client gone); whether it was waiting."""
+
+    @abstractmethod
+    def drain(self) -> list[Request]:
+        """Take out and return every waiting request (shutdown)."""
 
     @abstractmethod
     def num_waiting(self) -> int:
         """Requests queued and not yet admitted."""
 
-    @abstractmethod
-    def drain(self) -> list[Request]:
-        """Remove and return every waiting request (used when the engine shuts down)."""
+    def waiting_by_client(self) -> dict[str, int]:
+        """Waiting requests per client (monitoring, fair shedding); clients with none may be left out."""
+        return {}
 
-    def on_decode_step(self, running: list[Request], now: float) -> None:
-        """Called before each decode step with the requests about to get one more token."""
+    def select(self, budget: AdmissionBudget, now: float) -> list[Request]:
+        """Admit in this scheduler's order until the budget refuses one (head-of-line: never a
+        request past it), charging each admitted request's prefill."""
+        admitted = []
+        while (req := self.peek(budget)) is not None and budget.try_add(req):
+            self.pop(req, now)
+            cached = budget.cached_len(req)
+            self.on_prefill(req, req.prefill_len - cached, cached, now)
+            admitted.append(req)
+        return admitted
 
-    def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
-        """Charge `steps` decode steps of the same batch at once (a macro-step of the simulator;
-        `now`: the time before the first), where the result is exactly that of as many
-        on_decode_step calls. Returns whether it did; if not (the default), the engine calls
-        on_decode_step before each of the steps, as single steps would."""
-        return False
+    # -- service, as it is delivered: each returns what it charged -------------------------------
+    def on_prefill(self, req: Request, computed: int, cached: int, now: float) -> float:
+        """`req`'s prefill computes `computed` tokens and reuses `cached` from the prefix cache."""
+        return 0.0
 
-    def heads_while_decoding(
-        self, running: list[Request], steps: int, budget: Budget
-    ) -> list[tuple[int, Request]] | None:
-        """The request `select` would try first after each of the next `steps` - 1 decode steps of
-        `running`, if nothing arrives, finishes or is admitted meanwhile: pairs (first step, request)
-        in step order, each request holding until the next pair's step. Only for a scheduler whose
-        select admits nothing when that request does not fit, and then changes nothing that
-        matters. None (the default): it cannot say, and the engine asks select at each such step."""
-        return None
+    def on_decode_step(self, running: list[Request], now: float) -> float:
+        """Before a decode step: each of `running` is about to get one more token."""
+        return 0.0
 
-    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
-        """Called after a step in which `finished` completed; `batch` still includes them."""
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> float:
+        """After a step in which `finished` completed; `batch` still includes them."""
+        return 0.0
 
-    def remove(self, req: Request) -> bool:
-        """Remove one waiting request (an abort); return whether it was waiting."""
-        return False
-
-    def on_abort(self, req: Request, now: float) -> None:
-        """A running request was aborted: forget what was kept for it."""
+    def on_abort(self, req: Request, now: float) -> float:
+        """A running request ended early (aborted, or failed): forget what was kept for it."""
+        return 0.0
 
     def on_preempt(self, req: Request, now: float) -> None:
-        """A running request lost its K/V (optimistic admission ran out of slots): queue it again,
-        ahead of what arrived after it. It keeps its generated tokens and is prefilled again later."""
-        raise NotImplementedError(f"{type(self).__name__} does not support preemption")
+        """A running request lost its K/V: queue it again, ahead of what arrived after it. It keeps
+        its generated tokens and is prefilled again later (only with `traits.preemption`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take preempted requests back")
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
-        """The running request to preempt when a decode step cannot get a slot for each one.
-        The default, vLLM's: the latest arrival."""
-        return max(running, key=lambda r: (r.arrival, r.rid))
-
-    @property
-    def supports_preemption(self) -> bool:
-        return type(self).on_preempt is not Scheduler.on_preempt
-
-    def waiting_by_client(self) -> dict[str, int]:
-        """Waiting requests per client (read-only; for monitoring). Clients with none may be left out."""
-        return {}
-
-    def counters(self) -> dict[str, float]:
-        """Each known client's service counter (read-only; for monitoring). Empty without counters."""
-        return {}
-
-    def counter_of(self, client: str) -> float | None:
-        """One client's service counter (for monitoring); None for schedulers without counters."""
-        return None
-
-    def weight_of(self, client: str) -> float:
-        """One client's share weight (for monitoring); 1 for schedulers without weights."""
-        return 1.0
-
-    def adjust(self, client: str, delta: float) -> None:
-        """Add `delta` (counter units) to a client's counter: a correction once the service is known,
-        or a refund of service that was not delivered. A no-op for schedulers without counters."""
-
-    def forget(self, client: str, now: float) -> bool:
-        """Drop what is kept for a client with nothing waiting or running, where dropping it cannot
-        change any later decision (each scheduler's docstring says when). True: nothing more can be
-        dropped; False: ask again later (some of it may become droppable). The default, for
-        schedulers without per-client state: True."""
-        return True
+        """The running request to preempt when memory runs short. The default, vLLM's: the latest arrival."""
+        return max(running, key=arrival_key)
 
 
 def arrival_key(req: Request) -> tuple[float, int]:

@@ -38,33 +38,35 @@ What the paper leaves open, decided (each with its reason):
 """
 
 import math
-from collections import Counter, deque
+from collections import Counter
 
-from slora_vtc.memory.admission import Budget
+from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import arrival_key, recomputed_tokens
-from slora_vtc.sched.fcfs import FCFS
-from slora_vtc.sched.lpm import by_longest_prefix
+from slora_vtc.sched.base import Traits, arrival_key, recomputed_tokens
+from slora_vtc.sched.ledger import Ledger
+from slora_vtc.sched.lpm import LPM
 
 W_EXTEND, W_OUTPUT = 1.0, 2.0
 
 
-class DLPM(FCFS):
+class DLPM(LPM, Ledger):
     """LPM order, admission gated by per-client deficits (module docstring: the algorithm and
-    every decision on what the paper leaves open)."""
+    every decision on what the paper leaves open). Its ledger's counters are the deficits."""
+
+    traits = Traits(needs_token_ids=True, ledger=True, preemption=True, lookahead=True)
 
     def __init__(self, quantum: float, w_e: float = W_EXTEND, w_q: float = W_OUTPUT, charge_recompute: bool = False):
         self.quantum = quantum
         self.w_e, self.w_q = w_e, w_q
         self.charge_recompute = charge_recompute
-        super().__init__()  # the waiting requests in arrival order
+        super().__init__()  # the waiting requests in arrival order, ranked by longest prefix each round
         self.refills = 0  # rounds of +Q handed out
         self._deficit: dict[str, float] = {}
         self._waiting: Counter[str] = Counter()
         self._running: Counter[str] = Counter()
         self._charged: dict[int, int] = {}  # rid -> highest token number charged, while it runs or is preempted
 
-    # -- deficits -------------------------------------------------------------------------
+    # -- deficits (the ledger) ----------------------------------------------------------------------
     def deficits(self) -> dict[str, float]:
         """Every client's deficit q (a copy)."""
         return dict(self._deficit)
@@ -72,86 +74,15 @@ class DLPM(FCFS):
     def counters(self) -> dict[str, float]:
         return self.deficits()
 
-    def counter_of(self, client: str) -> float | None:
+    def counter_of(self, client: str) -> float:
         return self._deficit.get(client, 0.0)
 
-    def _active(self, client: str) -> bool:
-        return self._waiting[client] + self._running[client] > 0
+    def adjust(self, client: str, delta: float) -> None:
+        """Service `delta` more (or less, negative) than charged: the deficit falls by it."""
+        self._deficit[client] = self._deficit.get(client, 0.0) - delta
 
-    def _stalled(self) -> bool:
-        """Some client has a request waiting, and none of those has credit."""
-        waiting = [client for client, n in self._waiting.items() if n]
-        return bool(waiting) and not any(self._deficit[client] > 0 for client in waiting)
-
-    def _refill_while_stalled(self) -> None:
-        """Hand out +Q to every active client at q <= 0, again and again until a waiting client
-        has credit; the k rounds that takes are added at once (a small Q would loop long)."""
-        while self._stalled():
-            k = min(self._rounds_to_credit(self._deficit[c]) for c, n in self._waiting.items() if n)
-            for client, q in self._deficit.items():
-                if q <= 0 and self._active(client):
-                    self._deficit[client] = q + min(k, self._rounds_to_credit(q)) * self.quantum
-            self.refills += k
-
-    def _rounds_to_credit(self, q: float) -> int:
-        """Refills that take a deficit q <= 0 above 0 (each stops once it is)."""
-        return math.floor(-q / self.quantum) + 1
-
-    def _leave_if_idle(self, client: str) -> None:
-        if not self._active(client):
-            self._deficit[client] = min(self._deficit[client], 0.0)
-
-    # -- scheduler interface --------------------------------------------------------------
-    def on_arrival(self, req: Request, now: float) -> bool:
-        self._deficit.setdefault(req.client, 0.0)
-        self._waiting[req.client] += 1
-        return super().on_arrival(req, now)
-
-    def select(self, budget: Budget, now: float) -> list[Request]:
-        order = by_longest_prefix(self._queue, budget)
-        admitted: list[Request] = []
-        chosen: set[int] = set()
-        rescan = True
-        while rescan:
-            self._refill_while_stalled()
-            rescan = False
-            for req, cached in order:
-                if id(req) in chosen or self._deficit[req.client] <= 0:
-                    continue
-                if not budget.try_add(req):
-                    return self._take(admitted, chosen)
-                self._admit(req, cached, budget)
-                admitted.append(req)
-                chosen.add(id(req))
-                self._waiting[req.client] -= 1
-                self._running[req.client] += 1
-                if self._stalled():
-                    rescan = True
-                    break
-        return self._take(admitted, chosen)
-
-    def _take(self, admitted: list[Request], chosen: set[int]) -> list[Request]:
-        if chosen:
-            self._queue = deque(req for req in self._queue if id(req) not in chosen)
-        return admitted
-
-    def _admit(self, req: Request, cached: int, budget: Budget) -> None:
-        if not req.generated:  # a first prefill: its extend tokens and the token it yields
-            self._deficit[req.client] -= self.w_e * (req.prefill_len - cached) + self.w_q
-            self._charged[req.rid] = 1
-            return
-        if self._charged[req.rid] <= req.generated:  # back from a preemption
-            self._charge_token(req)
-        if self.charge_recompute:
-            self._deficit[req.client] -= self.w_e * recomputed_tokens(req, cached)
-
-    def _charge_token(self, req: Request) -> None:
-        self._deficit[req.client] -= self.w_q
-        self._charged[req.rid] = req.generated + 1
-
-    def on_decode_step(self, running: list[Request], now: float) -> None:
-        for req in running:
-            self._charge_token(req)
+    def set_counter(self, client: str, value: float) -> None:
+        self._deficit[client] = value
 
     def forget(self, client: str, now: float) -> bool:
         if self._active(client):
@@ -162,7 +93,103 @@ class DLPM(FCFS):
             del self._deficit[client]
         return True  # an idle debt never changes: nothing more to drop later
 
-    def on_decode_steps(self, running: list[Request], steps: int, now: float) -> bool:
+    def _active(self, client: str) -> bool:
+        return self._waiting[client] + self._running[client] > 0
+
+    def _stalled(self) -> bool:
+        """Some client has a request waiting, and none of those has credit."""
+        waiting = [client for client, n in self._waiting.items() if n]
+        return bool(waiting) and not any(self._deficit[client] > 0 for client in waiting)
+
+    def _refill_while_stalled(self) -> bool:
+        """Hand out +Q to every active client at q <= 0, again and again until a waiting client
+        has credit; the k rounds that takes are added at once (a small Q would loop long).
+        Whether it handed out any."""
+        refilled = False
+        while self._stalled():
+            k = min(self._rounds_to_credit(self._deficit[c]) for c, n in self._waiting.items() if n)
+            for client, q in self._deficit.items():
+                if q <= 0 and self._active(client):
+                    self._deficit[client] = q + min(k, self._rounds_to_credit(q)) * self.quantum
+            self.refills += k
+            refilled = True
+        return refilled
+
+    def _rounds_to_credit(self, q: float) -> int:
+        """Refills that take a deficit q <= 0 above 0 (each stops once it is)."""
+        return math.floor(-q / self.quantum) + 1
+
+    def _leave_if_idle(self, client: str) -> None:
+        if not self._active(client):
+            self._deficit[client] = min(self._deficit[client], 0.0)
+
+    # -- the queue ----------------------------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> bool:
+        self._deficit.setdefault(req.client, 0.0)
+        self._waiting[req.client] += 1
+        return super().on_arrival(req, now)
+
+    def peek(self, budget: AdmissionBudget) -> Request | None:
+        """The first request, in this round's longest-prefix order, whose client has credit. Those
+        before the cursor had none, and deficits only fall until a refill, which rescans from the top."""
+        r = self.round(budget)
+        if self._refill_while_stalled():
+            r.cursor = 0
+        for i, req, _ in r.candidates():
+            if self._deficit[req.client] > 0:
+                r.cursor = i
+                return req
+        return None
+
+    def pop(self, req: Request, now: float) -> None:
+        super().pop(req, now)
+        self._waiting[req.client] -= 1
+        self._running[req.client] += 1
+
+    def remove(self, req: Request) -> bool:
+        if not super().remove(req):
+            return False
+        self._end_waiting(req)
+        return True
+
+    def drain(self) -> list[Request]:
+        drained = super().drain()
+        for req in drained:
+            self._end_waiting(req)
+        return drained
+
+    def _end_waiting(self, req: Request) -> None:
+        if req.generated:  # preempted: forget what was kept for it
+            self._charged.pop(req.rid, None)
+        self._waiting[req.client] -= 1
+        self._leave_if_idle(req.client)
+
+    def waiting_by_client(self) -> dict[str, int]:
+        return {client: n for client, n in self._waiting.items() if n}
+
+    # -- charging -----------------------------------------------------------------------------------
+    def on_prefill(self, req: Request, computed: int, cached: int, now: float) -> float:
+        before = self._deficit[req.client]
+        if not req.generated:  # a first prefill: its extend tokens and the token it yields
+            self._deficit[req.client] -= self.w_e * computed + self.w_q
+            self._charged[req.rid] = 1
+        else:
+            if self._charged[req.rid] <= req.generated:  # back from a preemption
+                self._charge_token(req)
+            if self.charge_recompute:
+                self._deficit[req.client] -= self.w_e * recomputed_tokens(req, cached)
+        return before - self._deficit[req.client]
+
+    def _charge_token(self, req: Request) -> None:
+        self._deficit[req.client] -= self.w_q
+        self._charged[req.rid] = req.generated + 1
+
+    def on_decode_step(self, running: list[Request], now: float) -> float:
+        for req in running:
+            self._charge_token(req)
+        return self.w_q * len(running)
+
+    def charge_steps(self, running: list[Request], steps: int, now: float) -> bool:
         """w_q per token: one product per client where the deficits are whole numbers (then it
         equals the per-step sums exactly); otherwise the engine charges step by step."""
         per_step = Counter(req.client for req in running)
@@ -182,18 +209,24 @@ class DLPM(FCFS):
             self._charged[req.rid] = req.generated + steps
         return True
 
-    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> None:
+    def heads(self, running: list[Request], steps: int, budget: AdmissionBudget) -> list[tuple[int, Request]] | None:
+        return None  # select refills deficits even when it admits nothing
+
+    def on_finish(self, finished: list[Request], batch: list[Request], now: float) -> float:
         for req in finished:
             self._end_running(req)
+        return 0.0
 
-    def on_abort(self, req: Request, now: float) -> None:
+    def on_abort(self, req: Request, now: float) -> float:
         self._end_running(req)
+        return 0.0
 
     def _end_running(self, req: Request) -> None:
         self._charged.pop(req.rid, None)
         self._running[req.client] -= 1
         self._leave_if_idle(req.client)
 
+    # -- preemption ---------------------------------------------------------------------------------
     def on_preempt(self, req: Request, now: float) -> None:
         self._running[req.client] -= 1
         self._waiting[req.client] += 1
@@ -201,24 +234,3 @@ class DLPM(FCFS):
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
         return max(running, key=lambda r: (-self._deficit[r.client], arrival_key(r)))
-
-    def waiting_by_client(self) -> dict[str, int]:
-        return {client: n for client, n in self._waiting.items() if n}
-
-    def drain(self) -> list[Request]:
-        drained = super().drain()
-        for req in drained:
-            self._end_waiting(req)
-        return drained
-
-    def remove(self, req: Request) -> bool:
-        if not super().remove(req):
-            return False
-        self._end_waiting(req)
-        return True
-
-    def _end_waiting(self, req: Request) -> None:
-        if req.generated:  # preempted: forget what was kept for it
-            self._charged.pop(req.rid, None)
-        self._waiting[req.client] -= 1
-        self._leave_if_idle(req.client)

@@ -10,8 +10,14 @@ from slora_vtc.sched.dlpm import DLPM
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.lpm import LPM
-from slora_vtc.sched.predict import MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
 from slora_vtc.sched.vtc import VTC, Lift
+from slora_vtc.sched.vtc_predict import (
+    LengthPredictor,
+    MovingAveragePredictor,
+    OraclePredictor,
+    PredictingVTC,
+    UniformErrorPredictor,
+)
 from slora_vtc.specs import positive_arg, register_spec, resolve_spec
 
 
@@ -48,15 +54,16 @@ class Entry:
         return f"{name}:[{self.arg}]" if self.optional else f"{name}:{self.arg}"
 
 
-def _vtc(opts: SchedulerOptions, **kwargs) -> VTC:
+def _vtc(opts: SchedulerOptions, predictor: LengthPredictor | None = None, **kwargs) -> VTC:
     kwargs.setdefault("lift", opts.lift)
-    return VTC(
+    settings = dict(
         cost=opts.cost,
         extra_charge_at_finish=opts.extra_charge_at_finish,
         charge_cached=opts.charge_cached,
         charge_recompute=opts.charge_recompute,
         **kwargs,
     )
+    return VTC(**settings) if predictor is None else PredictingVTC(predictor, **settings)
 
 
 def _lpm(spec: str, text: str | None) -> LPM:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from slora_vtc.errors import UserError
-from slora_vtc.sched import VTC, RateLimited, Scheduler, SchedulerOptions, build_scheduler
+from slora_vtc.sched import RateLimited, Scheduler, SchedulerOptions, build_scheduler
 
 try:
     import tomllib
@@ -150,9 +150,10 @@ def scheduler_for(spec: str, clients: Clients, options: SchedulerOptions = Sched
     scheduler = build_scheduler(spec, list(clients.named), options)
     weights = {c.name: c.weight for c in clients.named.values() if c.weight != 1.0}
     if weights:
-        if not isinstance(scheduler, VTC):
+        if not scheduler.traits.weights:
             raise UserError(f"client weights need a VTC scheduler (vtc, lcf, wvtc, vtc-...), not '{spec}'")
-        scheduler.weights.update(weights)  # read when a client first arrives, so setting them now is enough
+        for client, weight in weights.items():
+            scheduler.set_weight(client, weight)
     limits = {c.name: c.rpm for c in clients.named.values() if c.rpm is not None}
     if limits or clients.default.rpm is not None:
         return RateLimited(scheduler, limits, clients.default.rpm)

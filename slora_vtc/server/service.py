@@ -234,12 +234,12 @@ class EngineService:
             name = req.client if req.client in stats.labels else OTHER
             running[name] = running.get(name, 0) + 1
         waiting = {name: s.live - running.get(name, 0) for name, s in clients.items()}
-        counters = {name: engine.scheduler.counter_of(name) for name in stats.labels}
-        counters = {name: value for name, value in counters.items() if value is not None}
+        sched = engine.scheduler
+        counters = {name: sched.counter_of(name) for name in stats.labels} if sched.traits.ledger else {}
         return Snapshot(
             clients=clients,
             counters=counters,
-            weights={name: engine.scheduler.weight_of(name) for name in counters},
+            weights={name: sched.weight_of(name) for name in counters},
             shares=stats.shares(now),
             waiting=waiting,
             running={name: running.get(name, 0) for name in clients},
@@ -256,8 +256,9 @@ class EngineService:
     # -- idle clients ---------------------------------------------------------------------
     def _housekeeping(self) -> None:
         now = self.clock.now()
+        sched = self.engine.scheduler
         for client in self.stats.due(self.client_idle_s):
-            if not self.engine.scheduler.forget(client, now):
+            if sched.traits.ledger and not sched.forget(client, now):
                 self.stats.remind(client)  # ask the scheduler again after another idle period
         self.stats.relabel(now)
 

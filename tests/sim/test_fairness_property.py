@@ -33,7 +33,7 @@ def run_backlogged(spec, requests):
     def on_step():
         waiting = {r.client for r in requests if r.state is State.WAITING}
         if waiting == {"a", "b"}:
-            counters = abs(sched.counter("a") - sched.counter("b")) if hasattr(sched, "counter") else None
+            counters = abs(sched.counter_of("a") - sched.counter_of("b")) if sched.traits.ledger else None
             diffs.append((counters, abs(delivered("a") - delivered("b"))))
 
     engine.run(requests, on_step=on_step)

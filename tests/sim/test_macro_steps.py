@@ -19,6 +19,7 @@ from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.macro_step import first_fit
 from slora_vtc.memory import Budget, MemoryManager, TokenPool
 from slora_vtc.request import Request, State
 from slora_vtc.results import RunResult
@@ -200,7 +201,7 @@ def check_first_fit(shapes, prompt, output, steps, pool, optimistic, used):
 
     first = 1 + len(shapes) % 3
     expected = next((s for s in range(first, steps) if fits_after(s)), None)
-    assert Budget(config, running, pool_with(taken)).first_fit(candidate, range(first, steps)) == expected
+    assert first_fit(Budget(config, running, pool_with(taken)), candidate, range(first, steps)) == expected
 
 
 @given(
@@ -239,10 +240,10 @@ def test_first_fit_finds_a_fit_no_finish_brings():
     # after s steps the worst moment is the running request's end: (10 - s) * 2 + 51 + 690 + s = 761 - s,
     # against 299 + 51 = 350 at the candidate's; it fits once 761 - s < 755, at s = 7
     tight = EngineConfig(pool_tokens=755)
-    assert Budget(tight, running, None).first_fit(candidate, range(0, 10)) == 7
+    assert first_fit(Budget(tight, running, None), candidate, range(0, 10)) == 7
     assert not Budget(tight, [decoded(running[0], 6)], None).try_add(candidate)
     assert Budget(tight, [decoded(running[0], 7)], None).try_add(candidate)
-    assert Budget(EngineConfig(pool_tokens=762), running, None).first_fit(candidate, range(0, 10)) == 0
+    assert first_fit(Budget(EngineConfig(pool_tokens=762), running, None), candidate, range(0, 10)) == 0
 
 
 @pytest.mark.parametrize("scheduler", ["vtc", "lcf", "vtc-oracle"])
@@ -264,16 +265,16 @@ def test_vtc_heads_are_the_clients_select_would_take_after_each_step(scheduler):
         if not running or not sched.num_waiting():
             continue
         steps = 25
-        heads = sched.heads_while_decoding(running, steps, budget)
+        heads = sched.heads(running, steps, budget)
         assert heads is not None and heads[0][0] == 0
         twin_sched, twin_running = copy.deepcopy((sched, running))
         for s in range(steps):
-            expected = twin_sched._clients[twin_sched._min_waiting()].queue[0].rid
+            expected = twin_sched.clients[twin_sched.least_waiting()].queue[0].rid
             got = [req for start, req in heads if start <= s][-1].rid
             assert got == expected, (trial, s)
             twin_sched.on_decode_step(twin_running, 0.0)
             for r in twin_running:
                 r.generated += 1
         # and k steps charged at once leave the counters k single steps leave
-        assert sched.on_decode_steps(running, steps, 0.0)
+        assert sched.charge_steps(running, steps, 0.0)
         assert sched.counters() == twin_sched.counters()

@@ -11,18 +11,16 @@ from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import Experiment, run_experiment
 from slora_vtc.request import Request, State
-from slora_vtc.sched import build_scheduler
+from slora_vtc.sched import Delegating, build_scheduler
 from slora_vtc.sched.base import Scheduler
 
 
-class Recorder:
+class Recorder(Delegating):
     """Wraps a scheduler: notes each victim, the running batch it came from and its tokens so far."""
 
     def __init__(self, inner: Scheduler):
-        self.inner, self.victims = inner, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.victims = []
 
     def choose_victim(self, running, now):
         victim = self.inner.choose_victim(running, now)
@@ -37,7 +35,6 @@ def overcommitted(n=12, prompt=100, new=800) -> list[Request]:
 def run(requests, scheduler="fcfs", pool=3000, admission="optimistic", cache=False):
     sched = build_scheduler(scheduler, ["c0", "c1"])
     recorder = Recorder(sched)
-    recorder.supports_preemption = sched.supports_preemption
     ended = []
     engine = Engine(
         EngineConfig(pool_tokens=pool, lora_rank=0, admission=admission, prefix_cache=cache),

@@ -13,7 +13,7 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
-from slora_vtc.sched.predict import OraclePredictor
+from slora_vtc.sched.vtc_predict import OraclePredictor, PredictingVTC
 
 
 def admit(sched, budget=None):
@@ -42,7 +42,7 @@ def test_victim_ties_on_arrival_go_to_the_larger_rid():
 def test_rate_limited_delegates_preemption_and_does_not_count_it_as_an_arrival():
     rpm = RPM(limit=2)
     a1, a2, a3 = reqs(("a", 10, 5), ("a", 10, 5), ("a", 10, 5))
-    assert rpm.supports_preemption and not RateLimited(Plain(), {}).supports_preemption
+    assert rpm.traits.preemption and not RateLimited(Plain(), {}).traits.preemption
     assert rpm.on_arrival(a1, 0.0)
     admit(rpm)
     run_token(a1)
@@ -99,10 +99,10 @@ def test_vtc_charges_a_preempted_request_what_an_unpreempted_one_costs():
     vtc.on_decode_step([r], 0.0)  # token 2 charged: 12
     vtc.on_preempt(r, 0.0)
     admit(vtc)
-    assert vtc.counter("a") == 12
+    assert vtc.counter_of("a") == 12
     run_token(r)  # the second prefill yields token 2
     serve_to_the_end(vtc, r)
-    assert vtc.counter("a") == 18 and vtc._predicted == {}
+    assert vtc.counter_of("a") == 18 and vtc.records == {}
 
 
 @pytest.mark.parametrize("weight", [1.0, 2.0])
@@ -120,7 +120,7 @@ def test_vtc_charge_recompute_charges_the_recomputed_tokens_as_input(weight):
         run_token(r)
     vtc.on_preempt(r, 0.0)
     admit(vtc, FakeBudget({0: 4}))
-    assert vtc.counter("a") == 24 / weight
+    assert vtc.counter_of("a") == 24 / weight
 
 
 def test_vtc_victim_is_the_latest_arrival_of_the_client_with_the_largest_counter():
@@ -138,7 +138,7 @@ def test_vtc_victim_is_the_latest_arrival_of_the_client_with_the_largest_counter
 def test_vtc_settles_a_preempted_request_that_ends_while_waiting(end):
     """Oracle: h(10, 5) = 20 up front; preempted with 2 tokens and then aborted while waiting:
     refunded down to h(10, 2) = 14, and nothing is kept for it."""
-    vtc = VTC(predictor=OraclePredictor())
+    vtc = PredictingVTC(OraclePredictor())
     (r,) = reqs(("a", 10, 5))
     arrive(vtc, [r])
     admit(vtc)
@@ -147,7 +147,7 @@ def test_vtc_settles_a_preempted_request_that_ends_while_waiting(end):
     run_token(r)
     vtc.on_preempt(r, 0.0)
     assert vtc.remove(r) if end == "remove" else vtc.drain() == [r]
-    assert vtc.counter("a") == 14 and vtc._predicted == {} and vtc.num_waiting() == 0
+    assert vtc.counter_of("a") == 14 and vtc.records == {} and vtc.num_waiting() == 0
 
 
 # -- DLPM --------------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def serve(
     engine.memory.flush()
     assert engine.memory.pool.num_free == pool and not engine.running and sched.num_waiting() == 0
     inner = sched.inner if isinstance(sched, RateLimited) else sched
-    assert getattr(inner, "_predicted", {}) == {} and getattr(inner, "_charged", {}) == {}  # nothing kept per request
+    assert getattr(inner, "records", {}) == {} and getattr(inner, "_charged", {}) == {}  # nothing kept per request
     return sched, first_cached, deficits, most_output_running[0]
 
 

@@ -49,7 +49,8 @@ def test_lpm_falls_back_to_fcfs_above_n_waiting(waiting, expected):
     arrive(lpm, rs)
     budget = FakeBudget({1: 9})
     assert rids(lpm.select(budget, 0.0)) == expected
-    assert budget.asked == ([] if waiting > 2 else [0, 1])  # FCFS order matches nothing
+    # FCFS order matches nothing in advance: only what it admits is asked, for the prefill's charge
+    assert budget.asked == (expected if waiting > 2 else [0, 1, *expected])
 
 
 # -- VTC on extend tokens -------------------------------------------------------------------------
@@ -60,11 +61,11 @@ def test_vtc_charges_cached_prompt_tokens_at_their_weight(weight, expected):
     arrive(vtc, [r])
     budget = FakeBudget({0: 40})
     vtc.select(budget, 0.0)
-    assert vtc.counter("a") == expected  # 60 uncached + weight * 40 cached
-    assert budget.asked == ([] if weight == 1 else [0])  # weight 1: today's VTC, no lookup
+    assert vtc.counter_of("a") == expected  # 60 uncached + weight * 40 cached
+    assert budget.asked == [0]  # what is cached is asked once, for the prefill's charge
     run_token(r)
     vtc.on_decode_step([r], 0.0)
-    assert vtc.counter("a") == expected + 2  # decode charges unchanged
+    assert vtc.counter_of("a") == expected + 2  # decode charges unchanged
 
 
 def test_vtc_on_extend_tokens_prices_tokens_with_the_effective_input():
@@ -78,7 +79,7 @@ def test_vtc_on_extend_tokens_prices_tokens_with_the_effective_input():
     vtc.on_decode_step([r], 0.0)
     run_token(r)
     vtc.on_finish([r], [r], 0.0)
-    assert vtc.counter("a") == pytest.approx(92)
+    assert vtc.counter_of("a") == pytest.approx(92)
 
 
 def test_vtc_on_extend_tokens_gives_a_cached_client_more_requests():

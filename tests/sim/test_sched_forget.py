@@ -11,7 +11,7 @@ from slora_vtc.sched import VTC, Lift
 from slora_vtc.sched.dlpm import DLPM
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.limits import RateLimited
-from slora_vtc.sched.predict import UniformErrorPredictor
+from slora_vtc.sched.vtc_predict import PredictingVTC, UniformErrorPredictor
 from tests.sched_util import FakeBudget
 
 CLIENTS = ["a", "b", "c", "d"]
@@ -53,7 +53,7 @@ class World:
             self._retire(self.running)
 
     def preempt(self) -> None:
-        if self.running and self.sched.supports_preemption:
+        if self.running and self.sched.traits.preemption:
             victim = self.sched.choose_victim(self.running, self.now)
             self.running.remove(victim)
             victim.state = State.WAITING
@@ -141,12 +141,8 @@ def vtc_counters(sched) -> dict[str, float]:
 @given(st.lists(OPS, min_size=10, max_size=80), st.sampled_from(list(Lift)), st.booleans(), st.booleans())
 def test_a_forgetting_vtc_decides_as_one_that_never_forgets(ops, lift, predict, quirks):
     def make():
-        return VTC(
-            lift=lift,
-            predictor=UniformErrorPredictor(0.5, seed=3) if predict else None,
-            extra_charge_at_finish=quirks,
-            charge_recompute=quirks,
-        )
+        settings = dict(lift=lift, extra_charge_at_finish=quirks, charge_recompute=quirks)
+        return PredictingVTC(UniformErrorPredictor(0.5, seed=3), **settings) if predict else VTC(**settings)
 
     replay(make, ops, vtc_counters)
 
@@ -178,9 +174,9 @@ def test_a_served_idle_client_at_the_floor_leaves_only_its_order_behind():
     serve_one(vtc, "b", 1, 3, 1.0)  # b lifted to 5 (a left last, nobody waits), then 5 + 3 = 8; b left last
     assert vtc.counters() == {"a": 5.0, "b": 8.0}
     assert vtc.forget("a", 2.0)  # 5 <= B = min(floor 8, b's 8): the lift gives it back
-    assert vtc.counters() == {"b": 8.0} and vtc._kept == {} and vtc._orders == {"a": 0}
+    assert vtc.counters() == {"b": 8.0} and vtc.idle.kept == {} and vtc.idle.orders == {"a": 0}
     assert vtc.forget("b", 2.0)  # 8 <= B = 8: its own counter stays as the floor of the next return
-    assert vtc.counters() == {} and vtc._kept == {}
+    assert vtc.counters() == {} and vtc.idle.kept == {}
     serve_one(vtc, "a", 2, 1, 3.0)
     assert vtc.counters() == {"a": 8.0 + 1.0}  # lifted to 8, as a never-forgetting VTC does (max(5, 8)), then + 1
 
@@ -203,17 +199,17 @@ def test_no_counter_is_dropped_before_a_client_has_left_the_queue():
     assert world.select(3) == [0]  # a: 3, its second request still waits: nobody has left the queue
     world.arrive(2, "b", 9, 1)  # b lifted to a's 3
     world.abort(0)  # a's second request leaves by removal: a is idle, and still no client ever left the queue
-    assert vtc.forget("a", 0.0) is False and vtc._kept == {"a": 3.0}  # the floor is b's 3 now, but none once b goes
+    assert vtc.forget("a", 0.0) is False and vtc.idle.kept == {"a": 3.0}  # the floor is b's 3 now, but none once b goes
     world.abort(0)  # b removed too: nobody waits and nobody left, so a return is not lifted at all
     world.arrive(3, "a", 1, 1)
-    assert vtc.counter("a") == 3.0  # as a never-forgetting VTC: its own 3, not 0
+    assert vtc.counter_of("a") == 3.0  # as a never-forgetting VTC: its own 3, not 0
 
 
 def test_lcf_keeps_an_idle_clients_low_counter():
     vtc = VTC(lift=Lift.NONE)
     serve_one(vtc, "a", 0, 4, 0.0)
     assert vtc.forget("a", 1.0)  # nothing more can be dropped later ...
-    assert vtc._kept == {"a": 4.0}  # ... because LCF would serve it from 4, not from 0
+    assert vtc.idle.kept == {"a": 4.0}  # ... because LCF would serve it from 4, not from 0
     serve_one(vtc, "a", 1, 1, 2.0)
     assert vtc.counters() == {"a": 5.0}
 
@@ -226,31 +222,33 @@ def test_forget_refuses_a_client_with_work():
     world.select(100)
     assert not vtc.forget("a", 0.0)  # running
     assert vtc.counters() == {"a": 2.0}
-    assert fcfs.forget("a", 0.0)  # no per-client state: the default
+    assert not fcfs.traits.ledger and not hasattr(fcfs, "forget")  # no per-client state: nothing to forget
 
 
 def test_a_rate_limit_window_is_dropped_once_it_counts_nothing():
     limited = RateLimited(FCFS(), {}, default=1)
     assert limited.on_arrival(Request("a", 1, 1, 0.0, rid=0), 0.0)
     limited.drain()  # nothing waits: a is idle
-    assert not limited.forget("a", 59.0)  # its arrival at 0 still counts until 60
-    assert not limited.on_arrival(Request("a", 1, 1, 59.0, rid=1), 59.0)
-    assert limited.forget("a", 60.0) and "a" not in limited._accepted
+    assert limited.on_arrival(Request("b", 1, 1, 59.0, rid=1), 59.0)
+    assert "a" in limited._accepted  # its arrival at 0 still counts until 60 ...
+    assert not limited.on_arrival(Request("a", 1, 1, 59.0, rid=2), 59.0)
+    assert limited.on_arrival(Request("c", 1, 1, 60.0, rid=3), 60.0)
+    assert "a" not in limited._accepted and "b" in limited._accepted  # ... and no longer at 60
 
 
 def test_only_the_latest_forgotten_orders_are_kept(monkeypatch):
-    import slora_vtc.sched.vtc as vtc_module
+    import slora_vtc.sched.vtc_forget as vtc_forget
 
-    monkeypatch.setattr(vtc_module, "KEPT_ORDERS", 2)
+    monkeypatch.setattr(vtc_forget, "KEPT_ORDERS", 2)
     vtc = VTC()
     for rid, name in enumerate("abc"):
         serve_one(vtc, name, rid, 1, float(rid))  # orders 0, 1, 2; each left the queue at counter 1
     for name in "abc":
         assert vtc.forget(name, 5.0)
-    assert dict(vtc._orders) == {"b": 1, "c": 2}  # a's order went first
+    assert dict(vtc.idle.orders) == {"b": 1, "c": 2}  # a's order went first
     world = World(vtc, now=6.0)
     world.arrive(10, "a", 1, 1)
-    assert vtc._clients["a"].order == 3  # a returns as a new client
+    assert vtc.clients["a"].order == 3  # a returns as a new client
 
 
 def test_adjust_raises_and_refunds_a_counter_and_keeps_selection_by_it():

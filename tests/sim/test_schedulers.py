@@ -8,7 +8,13 @@ from slora_vtc.errors import UserError
 from slora_vtc.memory import Budget
 from slora_vtc.request import State
 from slora_vtc.sched import FCFS, RPM, VTC, Lift, SchedulerOptions, build_scheduler
-from slora_vtc.sched.predict import LengthPredictor, MovingAveragePredictor, OraclePredictor, UniformErrorPredictor
+from slora_vtc.sched.vtc_predict import (
+    LengthPredictor,
+    MovingAveragePredictor,
+    OraclePredictor,
+    PredictingVTC,
+    UniformErrorPredictor,
+)
 
 BIG = config(100_000)
 
@@ -98,12 +104,12 @@ def test_vtc_charges_prompt_at_admission_and_two_per_decode_step():
     a1, a2, b1 = req("a", 10, 4), req("a", 7, 3), req("b", 5, 3)
     arrive(vtc, a1, a2, b1)
     assert select(vtc) == [a1, b1, a2]  # a (0) -> a=10; b (0) -> b=5; b empty, a (10) -> a=17
-    assert (vtc.counter("a"), vtc.counter("b")) == (17, 5)
+    assert (vtc.counter_of("a"), vtc.counter_of("b")) == (17, 5)
     prefill(a1, a2, b1)
     decode(vtc, [a1, a2, b1])
-    assert (vtc.counter("a"), vtc.counter("b")) == (21, 7)
+    assert (vtc.counter_of("a"), vtc.counter_of("b")) == (21, 7)
     decode(vtc, [a1, a2, b1])
-    assert (vtc.counter("a"), vtc.counter("b")) == (25, 9)
+    assert (vtc.counter_of("a"), vtc.counter_of("b")) == (25, 9)
 
 
 def test_vtc_final_counter_over_an_engine_run():
@@ -111,9 +117,9 @@ def test_vtc_final_counter_over_an_engine_run():
     vtc = VTC()
     reqs = [req("a", 10, 5), req("a", 20, 1), req("b", 30, 8, 3.0)]
     make_engine(vtc).run(reqs)
-    assert vtc.counter("a") == 10 + 20 + 2 * 4
+    assert vtc.counter_of("a") == 10 + 20 + 2 * 4
     # b arrives (t=3) after a's queue emptied: the PAPER lift raises it to a's 38 first
-    assert vtc.counter("b") == 38 + 30 + 2 * 7
+    assert vtc.counter_of("b") == 38 + 30 + 2 * 7
 
 
 def test_vtc_picks_the_smallest_counter():
@@ -132,7 +138,7 @@ def test_vtc_head_of_line_stops_at_the_min_counter_client():
     arrive(vtc, small)
     assert select(vtc, [blocker()], config(200)) == []  # b's small request would fit
     assert vtc.num_waiting() == 2
-    assert (vtc.counter("a"), vtc.counter("b")) == (0, 0)
+    assert (vtc.counter_of("a"), vtc.counter_of("b")) == (0, 0)
 
 
 def test_vtc_ties_go_to_the_client_registered_first():
@@ -153,9 +159,9 @@ def test_lift_to_the_min_counter_of_other_waiting_clients(lift):
     vtc = VTC(lift=lift)
     arrive(vtc, req("a", 30, 1), req("a", 1, 1), req("c", 50, 1), req("c", 1, 1))
     assert len(select(vtc, cfg=config(100_000, max_running=2))) == 2
-    assert (vtc.counter("a"), vtc.counter("c")) == (30, 50)  # both still wait
+    assert (vtc.counter_of("a"), vtc.counter_of("c")) == (30, 50)  # both still wait
     arrive(vtc, req("b", 1, 1))
-    assert vtc.counter("b") == 30
+    assert vtc.counter_of("b") == 30
 
 
 def test_lift_never_lowers_a_counter():
@@ -165,7 +171,7 @@ def test_lift_never_lowers_a_counter():
     arrive(vtc, req("a", 10, 1), req("a", 1, 1))  # nobody waits: a stays 0
     select(vtc, cfg=config(100_000, max_running=1))  # a = 10, a still waits
     arrive(vtc, req("b", 1, 1))
-    assert vtc.counter("b") == 200
+    assert vtc.counter_of("b") == 200
 
 
 @pytest.mark.parametrize("lift, c, b", [(Lift.PAPER, 65, 65), (Lift.ARTIFACT, 40, 0), (Lift.NONE, 40, 0)])
@@ -176,7 +182,7 @@ def test_lift_when_no_client_waits(lift, c, b):
     arrive(vtc, req("c", 40, 1))  # PAPER: lifted to the last client to leave (a, 25)
     select(vtc)  # c charged 40; c is now the last to leave
     arrive(vtc, req("b", 1, 1))  # nobody waits
-    assert (vtc.counter("c"), vtc.counter("b")) == (c, b)
+    assert (vtc.counter_of("c"), vtc.counter_of("b")) == (c, b)
 
 
 @pytest.mark.parametrize("spec", ["lcf", "vtc"])
@@ -201,10 +207,10 @@ def test_weighted_vtc_divides_charges_by_weight():
     a1, b1 = req("a", 10, 3), req("b", 10, 3)
     arrive(wvtc, a1, b1)
     select(wvtc)
-    assert (wvtc.counter("a"), wvtc.counter("b")) == (10, 5)
+    assert (wvtc.counter_of("a"), wvtc.counter_of("b")) == (10, 5)
     prefill(a1, b1)
     decode(wvtc, [a1, b1])
-    assert (wvtc.counter("a"), wvtc.counter("b")) == (12, 6)
+    assert (wvtc.counter_of("a"), wvtc.counter_of("b")) == (12, 6)
 
 
 def test_weighted_vtc_serves_in_proportion_to_weight():
@@ -223,12 +229,12 @@ def test_profiled_cost_charges_increments():
     r = req("a", 100, 3)
     arrive(vtc, r)
     select(vtc)
-    assert vtc.counter("a") == pytest.approx(h(100, 0))
+    assert vtc.counter_of("a") == pytest.approx(h(100, 0))
     prefill(r)
     decode(vtc, [r])  # the step making token 2
-    assert vtc.counter("a") == pytest.approx(h(100, 0) + h(100, 2) - h(100, 1))
+    assert vtc.counter_of("a") == pytest.approx(h(100, 0) + h(100, 2) - h(100, 1))
     decode(vtc, [r])
-    assert vtc.counter("a") == pytest.approx(h(100, 0) + h(100, 3) - h(100, 1))
+    assert vtc.counter_of("a") == pytest.approx(h(100, 0) + h(100, 3) - h(100, 1))
 
 
 def test_extra_charge_at_finish_adds_one_decode_charge_for_the_batch():
@@ -239,9 +245,9 @@ def test_extra_charge_at_finish_adds_one_decode_charge_for_the_batch():
         select(vtc)
         prefill(a1, b1)
         decode(vtc, [a1, b1])  # a1 has its 2 tokens now
-        assert (vtc.counter("a"), vtc.counter("b")) == (12, 12)
+        assert (vtc.counter_of("a"), vtc.counter_of("b")) == (12, 12)
         vtc.on_finish([a1], [a1, b1], 0.0)
-        assert (vtc.counter("a"), vtc.counter("b")) == ((14, 14) if extra else (12, 12))
+        assert (vtc.counter_of("a"), vtc.counter_of("b")) == ((14, 14) if extra else (12, 12))
 
 
 def test_extra_charge_at_finish_in_an_engine_run():
@@ -249,7 +255,7 @@ def test_extra_charge_at_finish_in_an_engine_run():
     for extra in (False, True):
         vtc = VTC(extra_charge_at_finish=extra)
         make_engine(vtc).run([req("a", 10, 5)])
-        counters.append(vtc.counter("a"))
+        counters.append(vtc.counter_of("a"))
     assert counters == [10 + 2 * 4, 10 + 2 * 5]
 
 
@@ -273,51 +279,51 @@ def serve(vtc, r):
 
 
 def test_oracle_charges_everything_up_front():
-    vtc = VTC(predictor=OraclePredictor())
+    vtc = PredictingVTC(OraclePredictor())
     r = req("a", 10, 6)
     arrive(vtc, r)
     select(vtc)
-    assert vtc.counter("a") == 10 + 2 * 6
+    assert vtc.counter_of("a") == 10 + 2 * 6
     prefill(r)
     while not r.done:
         decode(vtc, [r])
-        assert vtc.counter("a") == 22
+        assert vtc.counter_of("a") == 22
     vtc.on_finish([r], [r], 0.0)
-    assert vtc.counter("a") == 22
+    assert vtc.counter_of("a") == 22
 
 
 @pytest.mark.parametrize("predicted", [0.0, 2.0, 2.5, 5.0, 10.0, 40.0])
 def test_final_counter_is_the_cost_of_actual_service(predicted):
-    vtc = VTC(predictor=Fixed(predicted))
+    vtc = PredictingVTC(Fixed(predicted))
     serve(vtc, req("a", 10, 5))
     # up to the prediction charged at admission; beyond it per token; an overshoot refunded
     expected = 10 + 2 * 5 if predicted >= 1 else 10 + 2 * 4  # plain VTC never charges token 1
-    assert vtc.counter("a") == pytest.approx(expected)
+    assert vtc.counter_of("a") == pytest.approx(expected)
 
 
 def test_overshoot_is_refunded_only_at_finish():
-    vtc = VTC(predictor=Fixed(10))
+    vtc = PredictingVTC(Fixed(10))
     r = req("a", 10, 4)
     arrive(vtc, r)
     select(vtc)
     prefill(r)
     while not r.done:
         decode(vtc, [r])
-    assert vtc.counter("a") == 30  # 10 + 2 * 10, nothing during decode
+    assert vtc.counter_of("a") == 30  # 10 + 2 * 10, nothing during decode
     vtc.on_finish([r], [r], 0.0)
-    assert vtc.counter("a") == 18
+    assert vtc.counter_of("a") == 18
 
 
 def test_an_aborted_running_request_is_settled_like_a_finished_one():
-    engine = make_engine(VTC(predictor=Fixed(10)), pool_tokens=1000)
+    engine = make_engine(PredictingVTC(Fixed(10)), pool_tokens=1000)
     r = req("a", 10, 8)
     engine.add_request(r)
     engine.step()  # prefill: 10 + 2 * 10 charged, one token out
     engine.step()  # one decode step, within the prediction
     engine.abort(r)
     assert r.state is State.ABORTED and r.generated == 2
-    assert engine.scheduler.counter("a") == 10 + 2 * 2  # refunded down to the 2 tokens it got
-    assert engine.scheduler._predicted == {}
+    assert engine.scheduler.counter_of("a") == 10 + 2 * 2  # refunded down to the 2 tokens it got
+    assert engine.scheduler.records == {}
 
 
 def test_uniform_predictor_stays_in_range_and_is_seeded():
@@ -339,7 +345,7 @@ def test_registry_seeds_the_uniform_predictor():
         vtc = build_scheduler("vtc-pred:0.5", ["a"], SchedulerOptions(seed=seed))
         arrive(vtc, *[req("a", 10, 100) for _ in range(3)])
         select(vtc)
-        return vtc.counter("a")
+        return vtc.counter_of("a")
 
     assert counters(1) == counters(1) != counters(2)
     assert 30 + 3 * 100 <= counters(1) <= 30 + 3 * 300
@@ -361,16 +367,16 @@ def test_moving_average_predictor():
 def test_vtc_avg_learns_from_finished_requests():
     vtc = build_scheduler("vtc-avg", ["a"])
     serve(vtc, req("a", 10, 20))  # predicted 0: plain VTC, 10 + 2 * 19
-    assert vtc.counter("a") == 48
+    assert vtc.counter_of("a") == 48
     r = req("a", 10, 5)
     arrive(vtc, r)
     select(vtc)
-    assert vtc.counter("a") == 48 + 10 + 2 * 20  # predicted 20, the first actual
+    assert vtc.counter_of("a") == 48 + 10 + 2 * 20  # predicted 20, the first actual
     prefill(r)
     while not r.done:
         decode(vtc, [r])
     vtc.on_finish([r], [r], 0.0)
-    assert vtc.counter("a") == 48 + 10 + 2 * 5  # refunded down to the actual 5
+    assert vtc.counter_of("a") == 48 + 10 + 2 * 5  # refunded down to the actual 5
 
 
 # -- registry --------------------------------------------------------------------------------
