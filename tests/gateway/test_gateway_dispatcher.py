@@ -66,17 +66,17 @@ def test_tokens_are_charged_as_they_arrive_and_usage_corrects_the_estimate():
     async def scenario():
         d = dispatcher("lcf")  # no lift: the counter is exactly what was charged
         t = d.submit("a", 4, 16)  # estimated 4 prompt tokens
-        assert d.counters.counter("a") == 4  # h(4, 0) at dispatch
+        assert d.scheduler.counter_of("a") == 4  # h(4, 0) at dispatch
         d.on_tokens(t)  # the first token is the prefill's: free
-        assert d.counters.counter("a") == 4
+        assert d.scheduler.counter_of("a") == 4
         d.on_tokens(t, 2)
-        assert d.counters.counter("a") == 4 + 2 * 2  # charged while the stream runs
+        assert d.scheduler.counter_of("a") == 4 + 2 * 2  # charged while the stream runs
         assert d.stats["a"].service == 4 + 2 * 3  # the ledger counts h(x, y) of what was delivered
         d.reconcile(t, 14, 5)  # usage: 14 prompt tokens, 5 generated (two without a chunk of their own)
-        assert d.counters.counter("a") == 14 + 2 * 4
+        assert d.scheduler.counter_of("a") == 14 + 2 * 4
         assert d.stats["a"].service == 14 + 2 * 5
         d.finish(t)
-        assert d.counters.counter("a") == 22 and d.pool.inflight == 0
+        assert d.scheduler.counter_of("a") == 22 and d.pool.inflight == 0
 
     run(scenario)
 
@@ -87,11 +87,11 @@ def test_a_failed_request_is_refunded_everything_a_client_that_leaves_keeps_its_
         failed = d.submit("a", 10, 8)
         d.on_tokens(failed, 3)
         d.fail(failed)
-        assert d.counters.counter("a") == 0 and d.stats["a"].service == 0
+        assert d.scheduler.counter_of("a") == 0 and d.stats["a"].service == 0
         gone = d.submit("a", 10, 8)
         d.on_tokens(gone, 3)
         d.abort(gone)
-        assert d.counters.counter("a") == 10 + 2 * 2 and d.stats["a"].service == 10 + 2 * 3
+        assert d.scheduler.counter_of("a") == 10 + 2 * 2 and d.stats["a"].service == 10 + 2 * 3
         assert d.stats["a"].outcomes == {"failed": 1, "aborted": 1}
 
     run(scenario)
@@ -101,10 +101,10 @@ def test_a_predicting_vtc_is_refunded_its_prediction_when_the_request_fails():
     async def scenario():
         d = dispatcher("vtc-oracle")
         t = d.submit("a", 10, 8)
-        assert d.counters.counter("a") == 10 + 2 * 8  # the oracle charges max_tokens up front
+        assert d.scheduler.counter_of("a") == 10 + 2 * 8  # the oracle charges max_tokens up front
         d.on_tokens(t, 2)
         d.fail(t)
-        assert d.counters.counter("a") == 0
+        assert d.scheduler.counter_of("a") == 0
 
     run(scenario)
 
@@ -261,12 +261,12 @@ def test_a_client_whose_charge_was_corrected_is_still_forgotten():
         t = d.submit("a", 4, 4)
         d.on_tokens(t, 2)
         d.reconcile(t, 6, 2)
-        assert d.scheduler.counter("a") == 6 + 2 * 1
+        assert d.scheduler.counter_of("a") == 6 + 2 * 1
         d.finish(t)
         d.submit("b", 4, 4)  # dispatched to the one slot: running at the floor a left
         d.submit("b", 4, 4)  # waits
         clock[0] = 20.0
         d.expire(10.0)
-        assert "a" not in d.scheduler.counters() and "a" not in d.scheduler._kept
+        assert "a" not in d.scheduler.counters() and "a" not in d.scheduler.idle.kept
 
     run(scenario)

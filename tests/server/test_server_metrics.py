@@ -111,7 +111,7 @@ def test_five_thousand_client_ids_are_bounded_in_labels_and_forgotten_when_idle(
     assert series(m, "slora_served_input_tokens_total") == {"other": 10_000}
     assert m['slora_time_to_first_token_seconds_count{client="other"}'] == 5000
     vtc = service.engine.scheduler
-    assert vtc.counters() == {} and vtc._kept == {}  # every counter was at most the floor: none kept
+    assert vtc.counters() == {} and vtc.idle.kept == {}  # every counter was at most the floor: none kept
     service.shutdown()
 
 
