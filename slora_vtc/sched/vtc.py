@@ -13,13 +13,10 @@ smallest counter among the other waiting clients, so that credit saved while idl
 later. When no other client waits, the paper lifts to the counter of the client that left the queue
 last (`Lift.PAPER`), the artifact's code does not lift (`Lift.ARTIFACT`), and LCF never lifts.
 
-Beyond the paper, each in its own module: length prediction and refunds (vtc_predict.py), the exact
-look-ahead that macro-steps use (vtc_lookahead.py), forgetting idle clients (vtc_forget.py).
-With a prefix cache, x is x_eff = uncached + charge_cached * cached prompt tokens (charge_cached = 1,
-the default, is the paper's). Preemption: the victim is the latest arrival of the running client with
-the largest counter; it goes back to the head of its client's queue without a lift and is not
-charged for its admission again; the token its second prefill yields is charged as the decode step it
-replaces would have been. With charge_recompute, its recomputed K/V cost h(recomputed, 0) more.
+Beyond the paper, each in its own module: length prediction and refunds (vtc_predict.py),
+preemption (vtc_preempt.py), the exact look-ahead that macro-steps use (vtc_lookahead.py), and
+forgetting idle clients (vtc_forget.py). With a prefix cache, x is x_eff = uncached +
+charge_cached * cached prompt tokens (charge_cached = 1, the default, is the paper's).
 """
 
 import heapq
@@ -32,10 +29,11 @@ from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
 from slora_vtc.sched import vtc_lookahead
-from slora_vtc.sched.base import Scheduler, Traits, arrival_key, recomputed_tokens, requeue
+from slora_vtc.sched.base import Scheduler, Traits
 from slora_vtc.sched.ledger import Ledger
 from slora_vtc.sched.lookahead import LookAhead
 from slora_vtc.sched.vtc_forget import IdleClients
+from slora_vtc.sched.vtc_preempt import Preemption
 
 
 class Lift(str, Enum):
@@ -65,7 +63,7 @@ class Record:
     predicted: float = 0.0  # predicted output length, charged up front (vtc_predict.py; 0 here)
 
 
-class VTC(Scheduler, Ledger, LookAhead):
+class VTC(Preemption, Scheduler, Ledger, LookAhead):
     """Serve the waiting client with the smallest counter; charge service as it is delivered
     (module docstring). Selection uses a heap of waiting clients keyed by counter: O(log clients)."""
 
@@ -236,8 +234,8 @@ class VTC(Scheduler, Ledger, LookAhead):
 
     # -- charging ------------------------------------------------------------------------------------
     def on_prefill(self, req: Request, computed: int, cached: int, now: float) -> float:
-        if req.generated:  # only a preempted request comes back with tokens
-            return self._readmitted(req, cached)
+        if req.generated:  # only a preempted request comes back with tokens (vtc_preempt.py)
+            return self.readmission_charge(req, cached)
         x_eff = (computed + cached) - (1 - self.charge_cached) * (cached if self.charge_cached != 1 else 0)
         record = self.records[req.rid] = Record(req.client, x_eff, charged=req.generated + 1)
         return self._charge(req.client, self.admission_charge(req, record))
@@ -245,16 +243,6 @@ class VTC(Scheduler, Ledger, LookAhead):
     def admission_charge(self, req: Request, record: Record) -> float:
         """What admitting the prompt costs: h(x, 0)."""
         return self.cost(record.input, 0.0)
-
-    def _readmitted(self, req: Request, cached: int) -> float:
-        """A preempted request prefilled again: its next token, unless the decode step it was
-        preempted from had charged it already; and the recomputation if asked."""
-        charged = 0.0
-        if self.records[req.rid].charged <= req.generated:
-            charged += self._charge(req.client, self.token_charge(req))
-        if self.charge_recompute:
-            charged += self._charge(req.client, self.cost(recomputed_tokens(req, cached), 0))
-        return charged
 
     def on_decode_step(self, running: list[Request], now: float) -> float:
         return sum(self._charge(req.client, self.token_charge(req)) for req in running)
@@ -276,20 +264,6 @@ class VTC(Scheduler, Ledger, LookAhead):
         """A request ends: forget its record (vtc_predict.py refunds a prediction here)."""
         del self.records[req.rid]
         return 0.0
-
-    # -- preemption ----------------------------------------------------------------------------------
-    def on_preempt(self, req: Request, now: float) -> None:
-        c = self._client(req.client)
-        if not c.queue:  # back into the heap, without a lift: it was being served
-            requeue(c.queue, req)
-            self.queued[req.client] = c
-            self._repush(req.client, c)
-        else:
-            requeue(c.queue, req)
-        self._waiting += 1
-
-    def choose_victim(self, running: list[Request], now: float) -> Request:
-        return max(running, key=lambda r: (self.counter_of(r.client), arrival_key(r)))
 
     # -- the look-ahead of macro-steps (vtc_lookahead.py) ---------------------------------------------
     def charge_steps(self, running: list[Request], steps: int, now: float) -> bool:

@@ -1,0 +1,39 @@
+"""VTC under preemption (optimistic admission, preemption by recompute), a mixin of VTC.
+
+The victim is the latest arrival of the running client with the largest counter: the client served
+most is the one that waits. The victim goes back to the head of its client's queue (ahead of what
+arrived after it), and its client re-enters the heap without a lift: it was being served, so it has
+no idle credit to lose. It is not charged for its admission again; the token its second prefill
+yields is charged as the decode step it was preempted from would have charged it (unless that step
+had charged it already), so a preempted request costs what an unpreempted one does. With
+charge_recompute, the K/V it computes again (Request.recomputed's count: its prefill minus the cached
+tokens minus its newest token, whose K/V was never computed) cost h(recomputed, 0) more.
+"""
+
+from slora_vtc.request import Request
+from slora_vtc.sched.base import arrival_key, recomputed_tokens, requeue
+
+
+class Preemption:
+    """VTC's on_preempt, choose_victim and the charge of a preempted request's next prefill."""
+
+    def on_preempt(self, req: Request, now: float) -> None:
+        c = self._client(req.client)
+        requeue(c.queue, req)
+        if len(c.queue) == 1:  # back into the heap, without a lift: it was being served
+            self.queued[req.client] = c
+            self._repush(req.client, c)
+        self._waiting += 1
+
+    def choose_victim(self, running: list[Request], now: float) -> Request:
+        return max(running, key=lambda r: (self.counter_of(r.client), arrival_key(r)))
+
+    def readmission_charge(self, req: Request, cached: int) -> float:
+        """A preempted request prefilled again: its next token, unless the decode step it was
+        preempted from had charged it already; and the recomputation if asked."""
+        charged = 0.0
+        if self.records[req.rid].charged <= req.generated:
+            charged += self._charge(req.client, self.token_charge(req))
+        if self.charge_recompute:
+            charged += self._charge(req.client, self.cost(recomputed_tokens(req, cached), 0))
+        return charged
