@@ -19,7 +19,7 @@ from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.request import Request, State
 from slora_vtc.sched import Scheduler
 from slora_vtc.sched.shedding import queue_refuses
-from slora_vtc.server.errors import ApiError
+from slora_vtc.serving.errors import ApiError
 
 RETRY_AFTER_S = 1
 

@@ -14,7 +14,7 @@ from slora_vtc.gateway.dispatcher import Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import DLPM, LPM, SchedulerOptions
 from slora_vtc.sched.limits import RateLimited
-from slora_vtc.server.clients import load_clients, scheduler_for
+from slora_vtc.serving.clients import load_clients, scheduler_for
 
 NEEDS_PREFIXES = (LPM, DLPM)  # they order by the prefix cache's hits: the gateway sees no token ids
 

@@ -18,9 +18,9 @@ from slora_vtc.server import openai_api, slora_api, utility_api
 from slora_vtc.server.admission import InflightLimit
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
 from slora_vtc.server.http_metrics import StatusCounter, metrics
-from slora_vtc.server.limits import BodyLimit
+from slora_vtc.serving.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
+from slora_vtc.serving.limits import BodyLimit
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

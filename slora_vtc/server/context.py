@@ -7,9 +7,9 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import AdapterTable, adapter_table
 from slora_vtc.model.spec import ModelSpec, is_folder, resolve_spec
-from slora_vtc.server.clients import Clients, load_clients, scheduler_for
 from slora_vtc.server.service import EngineService
 from slora_vtc.server.tokenizer import Tokenizer, load_tokenizer
+from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from slora_vtc.server.clients import BadClientName, ClientConfig, Unauthorized
-from slora_vtc.server.connection import CLIENT_HEADER, bearer_token
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.errors import ApiError
+from slora_vtc.serving.clients import BadClientName, ClientConfig, Unauthorized
+from slora_vtc.serving.connection import CLIENT_HEADER, bearer_token
+from slora_vtc.serving.errors import ApiError
 
 
 def context(request: Request) -> ServerContext:

@@ -21,14 +21,14 @@ from slora_vtc.memory import fits_alone
 from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.request import Request, TokenLogprob
 from slora_vtc.server.admission import check_adapter, refusal
-from slora_vtc.server.clients import ClientConfig
-from slora_vtc.server.connection import disconnected
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
 from slora_vtc.server.service import ServiceStopped
 from slora_vtc.server.stops import StopMatcher
 from slora_vtc.server.tokenizer import IncrementalDecoder
+from slora_vtc.serving.clients import ClientConfig
+from slora_vtc.serving.connection import disconnected
+from slora_vtc.serving.errors import ApiError
 
 CLIENT_GONE = "client disconnected"
 

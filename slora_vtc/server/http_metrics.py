@@ -15,11 +15,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Match
 
 from slora_vtc import __version__
-from slora_vtc.server.connection import bears_key
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.metrics import BuildInfo, render
+from slora_vtc.serving.connection import bears_key
+from slora_vtc.serving.errors import ApiError
 
 UNMATCHED = "unmatched"  # the route label of paths no route serves (404s): never the raw path
 

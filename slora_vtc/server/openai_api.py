@@ -13,10 +13,8 @@ import asyncio
 from fastapi import APIRouter, Depends, Request
 
 from slora_vtc.model.sampling_params import SamplingParams
-from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import Caller, caller, context
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.generation import (
     Generation,
     check_vocab,
@@ -29,7 +27,9 @@ from slora_vtc.server.generation import (
     start_all,
 )
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
-from slora_vtc.server.protocol import (
+from slora_vtc.serving.clients import ClientConfig
+from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.protocol import (
     CHAT_DEFAULT_MAX_TOKENS,
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatRequest,

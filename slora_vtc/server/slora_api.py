@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, Request
 
 from slora_vtc.server.deps import Caller, caller
 from slora_vtc.server.generation import Generation, new_request, prompt_ids, sampling, sse_response
-from slora_vtc.server.protocol import GenerateRequest
-from slora_vtc.server.sse import sse
+from slora_vtc.serving.protocol import GenerateRequest
+from slora_vtc.serving.sse import sse
 
 router = APIRouter()
 

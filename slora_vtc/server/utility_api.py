@@ -12,9 +12,9 @@ from pydantic import BaseModel, field_validator
 from slora_vtc import __version__
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.generation import prompt_ids
-from slora_vtc.server.protocol import STRICT, UnicodeText, is_token_ids
+from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.protocol import STRICT, UnicodeText, is_token_ids
 
 router = APIRouter()
 

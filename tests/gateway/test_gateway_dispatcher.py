@@ -18,7 +18,7 @@ from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.run import build_context
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
-from slora_vtc.server.clients import ClientConfig, Clients, scheduler_for
+from slora_vtc.serving.clients import ClientConfig, Clients, scheduler_for
 
 TOKEN_COUNT_SCHEDULERS = ["fcfs", "rpm:100", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"]
 

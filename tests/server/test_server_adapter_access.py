@@ -9,8 +9,8 @@ import pytest
 from server_util import running_server
 
 from slora_vtc.errors import UserError
-from slora_vtc.server.clients import load_clients
 from slora_vtc.server.context import ServerConfig, build_context
+from slora_vtc.serving.clients import load_clients
 
 KEYED = """
 [default]

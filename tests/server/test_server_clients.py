@@ -10,7 +10,7 @@ from server_util import running_server
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC, RateLimited, build_scheduler
-from slora_vtc.server.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
+from slora_vtc.serving.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
 
 CLIENTS = """
 [default]
