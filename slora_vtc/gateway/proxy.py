@@ -50,7 +50,8 @@ async def forward(
             return await _refused(ctx, ticket, reply)
         if routing.stream:
             events = relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
-            # the background task settles a stream cancelled before its first chunk (the generator's finally never runs then)
+            # the background task settles a stream cancelled before its first chunk (the generator's finally
+            # never runs then)
             return StreamingResponse(
                 events,
                 media_type="text/event-stream",

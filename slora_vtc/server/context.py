@@ -86,7 +86,8 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
                 known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
                 who = "[default]" if client is clients.default else f"client '{client.name}'"
                 raise UserError(
-                    f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have (known: {known})"
+                    f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have "
+                    f"(known: {known})"
                 )
     return EngineConfig(
         pool_tokens=config.pool_tokens,

@@ -112,7 +112,10 @@ def new_request(
 def _never_fits(ctx: ServerContext, req: Request) -> str:
     cfg = ctx.engine_config
     if req.prompt_len > cfg.batch_max_tokens:
-        return f"the prompt ({req.prompt_len} tokens) is longer than a prefill batch may be ({cfg.batch_max_tokens} tokens)"
+        return (
+            f"the prompt ({req.prompt_len} tokens) is longer than a prefill batch may be "
+            f"({cfg.batch_max_tokens} tokens)"
+        )
     adapter = f", {cfg.slots_of(req.adapter)} of them for the LoRA adapter" if req.adapter else ""
     most = cfg.pool_tokens - cfg.slots_of(req.adapter) - 1 - req.prompt_len
     if most < 1:

@@ -62,7 +62,10 @@ def hf_folder(tmp_path_factory):
     )
     tok.train_from_iterator(["hello world, the quick brown fox"], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     save_hf_llama(folder, vocab_size=300)
     fast.save_pretrained(folder)
     return folder
