@@ -137,9 +137,11 @@ class Ledger(Generic[T]):
         return mine, self.total
 
     def serve(self, client: str, amount: float, now: float) -> None:
-        """The client was delivered `amount` of service (negative: a refund)."""
-        for record in self.both(client):
-            record.service += amount
+        """The client was delivered `amount` of service (negative: a refund). Once per streamed token
+        in the gateway: kept short."""
+        mine = self.clients.get(client) or self.both(client)[0]
+        mine.service += amount
+        self.total.service += amount
         self.window.add(client, amount, now)
 
     # -- requests: begin, end, refused -------------------------------------------------------------

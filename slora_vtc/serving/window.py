@@ -15,40 +15,53 @@ class ServiceWindow:
 
     def __init__(self, window_s: int = WINDOW_S):
         self.window_s = window_s
+        # `service`, `total` and `total_sq` are as of the last `advance` (reading `active` or `jain()`
+        # counts the current second in first): adding is two dict operations, once per streamed token
         self.service: dict[str, float] = {}  # clients served in the window -> how much
         self.total = 0.0
         self.total_sq = 0.0  # sum of squares of `service`
-        self._buckets: deque[tuple[int, dict[str, float]]] = deque()
+        self._buckets: deque[tuple[int, dict[str, float]]] = deque()  # counted in `service`, oldest first
+        self._second: int | None = None  # the second being added to
+        self._current: dict[str, float] = {}  # what it added, not yet counted in `service`
         self._live: set[str] = set()
         self._live_unserved = 0  # live clients not in `service`
 
     @property
     def active(self) -> int:
+        self._count_current()
         return len(self.service) + self._live_unserved
 
     def jain(self) -> float:
         """(sum x)^2 / (n sum x^2) over the active clients' service rates; NaN when none was served."""
+        active = self.active
         if not self.total_sq:
             return float("nan")
-        return self.total * self.total / (self.active * self.total_sq)
+        return self.total * self.total / (active * self.total_sq)
 
     def add(self, client: str, amount: float, now: float) -> None:
         if not amount:
             return
-        self.advance(now)
         second = int(now)
-        if not self._buckets or self._buckets[-1][0] != second:
-            self._buckets.append((second, {}))
-        bucket = self._buckets[-1][1]
-        bucket[client] = bucket.get(client, 0.0) + amount
-        self._change(client, amount)
+        if second != self._second:
+            self.advance(now)
+            self._second = second
+        current = self._current
+        current[client] = current.get(client, 0.0) + amount
 
     def advance(self, now: float) -> None:
-        """Drop the buckets older than the window."""
+        """Count what was added in `service`, and drop the seconds older than the window."""
+        self._count_current()
         oldest = int(now) - self.window_s
         while self._buckets and self._buckets[0][0] <= oldest:
             for client, amount in self._buckets.popleft()[1].items():
                 self._change(client, -amount)
+
+    def _count_current(self) -> None:
+        if self._current:
+            self._buckets.append((self._second, self._current))
+            for client, amount in self._current.items():
+                self._change(client, amount)
+            self._current = {}
 
     def set_live(self, client: str, live: bool) -> None:
         if live == (client in self._live):

@@ -3,9 +3,12 @@ with the totals kept, a scheduler that keeps state asked again, and labels freed
 
 Every expected value is worked out by hand from the events each test makes."""
 
+import math
+
 import pytest
 
 from slora_vtc.serving.ledger import OTHER, Ledger, Tally
+from slora_vtc.serving.window import ServiceWindow
 
 
 class Clock:
@@ -89,3 +92,16 @@ def test_a_busy_client_is_never_idle_and_outcomes_are_one_set_of_words():
     assert ledger.clients["a"].outcomes == {"rejected": 1}
     with pytest.raises(ValueError, match="unknown outcome 'stopped'"):
         ledger.end("a", "stopped")
+
+
+def test_a_refund_in_the_second_of_its_service_leaves_the_window_as_if_nothing_was_served():
+    window = ServiceWindow(window_s=60)
+    window.set_live("a", True)
+    window.add("a", 10.0, now=3.2)
+    window.add("a", -10.0, now=3.7)  # the gateway refunds a failed request
+    assert window.active == 1 and window.service == {} and math.isnan(window.jain())  # live, nothing served
+    window.add("b", 4.0, now=5.0)
+    window.advance(64.0)  # second 3 leaves the window: nothing to take out for a
+    assert window.service == {"b": 4.0} and window.total == 4.0 and window.active == 2
+    window.set_live("a", False)
+    assert window.jain() == 1.0
