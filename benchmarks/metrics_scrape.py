@@ -117,7 +117,7 @@ def measure(url: str, scrapes: int) -> dict:
     labels = {
         line.split('client="', 1)[1].split('"', 1)[0]
         for line in text.splitlines()
-        if line.startswith("slora_requests_finished_total{")
+        if line.startswith("slora_requests_total{") and 'outcome="finished"' in line
     }
     return {
         "scrapes": results,

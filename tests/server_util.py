@@ -29,8 +29,10 @@ class Running:
         """`name{labels}` -> value, from GET /metrics."""
         return parse_metrics(httpx2.get(f"{self.url}/metrics").text)
 
-    def per_client(self, name: str) -> dict[str, float]:
-        pattern = re.compile(rf'^slora_{name}\{{client="(.*)"\}}$')
+    def per_client(self, name: str, **labels: str) -> dict[str, float]:
+        """client -> value of `slora_NAME{client="...",LABELS}` (the other labels as given, in their order)."""
+        rest = "".join(f',{label}="{value}"' for label, value in labels.items())
+        pattern = re.compile(rf'^slora_{name}\{{client="([^"]*)"{re.escape(rest)}\}}$')
         return {m.group(1): v for k, v in self.metrics().items() if (m := pattern.match(k))}
 
     def wait_idle(self, timeout_s: float = 20.0) -> dict[str, float]:

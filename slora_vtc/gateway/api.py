@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slora_vtc.gateway.assemble import assembles
 from slora_vtc.gateway.charges import estimate_tokens
-from slora_vtc.server.errors import ApiError, error_body, validation_message
-from slora_vtc.server.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, GenerateParameters
-from slora_vtc.server.sse import sse
+from slora_vtc.serving.errors import ApiError, error_body, validation_message
+from slora_vtc.serving.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, GenerateParameters
+from slora_vtc.serving.sse import sse
 
 
 class _OpenAIFields(BaseModel):

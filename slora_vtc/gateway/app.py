@@ -18,10 +18,9 @@ from slora_vtc.gateway.dispatcher import Busy
 from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.monitor import monitor
 from slora_vtc.gateway.proxy import forward
-from slora_vtc.server.clients import BadClientName, Unauthorized
-from slora_vtc.server.connection import CLIENT_HEADER, bearer_token, bears_key
-from slora_vtc.server.errors import ApiError, api_error_handler, http_error_handler
-from slora_vtc.server.limits import BodyLimit
+from slora_vtc.serving.connection import bears_key, identify
+from slora_vtc.serving.errors import ApiError, api_error_handler, http_error_handler
+from slora_vtc.serving.limits import BodyLimit
 
 KEEPALIVE_EXPIRY_S = 2.0
 PASSED_THROUGH = (("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/version"))  # vLLM's; not scheduled
@@ -93,15 +92,8 @@ def _json_object(raw: bytes) -> dict:
 
 
 def _client(ctx: GatewayContext, http: Request, user: str | None) -> str:
-    """As `serve` identifies clients (server/clients.py): the API key's, else X-Client-Id, else `user`."""
-    try:
-        return ctx.clients.identify(
-            bearer_token(http.headers.get("authorization")), http.headers.get(CLIENT_HEADER), user
-        ).name
-    except Unauthorized as e:
-        raise ApiError(401, str(e), "authentication_error") from None
-    except BadClientName as e:
-        raise ApiError(400, str(e)) from None
+    """As `serve` identifies clients (serving/connection.py): the API key's, else X-Client-Id, else `user`."""
+    return identify(ctx.clients, http.headers, user).name
 
 
 async def models(http: Request) -> dict:

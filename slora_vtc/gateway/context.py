@@ -7,7 +7,7 @@ import httpx2
 from slora_vtc.gateway.config import GatewayConfig
 from slora_vtc.gateway.dispatcher import Busy, Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
-from slora_vtc.server.clients import Clients
+from slora_vtc.serving.clients import Clients
 
 
 @dataclass(eq=False)

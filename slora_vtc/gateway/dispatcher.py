@@ -9,9 +9,9 @@ event loop, between awaits, so no lock is needed; `now` is the loop's monotonic 
 import asyncio
 import itertools
 import time
-from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from slora_vtc.cost import CostFunction
 from slora_vtc.gateway.charges import Corrections, engine_charge
@@ -19,8 +19,10 @@ from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request, State
 from slora_vtc.sched import Scheduler
+from slora_vtc.sched.ledger import forgets
 from slora_vtc.sched.shedding import queue_refuses
-from slora_vtc.server.errors import ApiError
+from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.ledger import MAX_LABELS, ClientLedger, Tally
 
 RETRY_AFTER_S = 1
 
@@ -46,17 +48,13 @@ class Ticket:
 
 
 @dataclass
-class ClientStats:
-    service: float = 0.0  # h(prompt, tokens) of what was delivered; failed requests count nothing
-    inflight: int = 0
-    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # finished / failed / rejected / aborted
-    live: int = 0  # requests waiting or in flight (the client is idle at 0)
+class ClientStats(Tally):
+    """A client's record in the gateway's ledger (serving/ledger.py): its service (failed requests
+    are refunded theirs), requests by outcome, and its requests in flight on some upstream."""
 
-    def absorb(self, other: "ClientStats") -> None:
-        """Add a forgotten client's totals."""
-        self.service += other.service
-        for outcome, count in other.outcomes.items():
-            self.outcomes[outcome] += count
+    LEVELS: ClassVar[tuple[str, ...]] = ("live", "inflight")
+
+    inflight: int = 0
 
 
 class SlotBudget(AdmissionBudget):
@@ -82,15 +80,14 @@ class Dispatcher:
         cost: CostFunction,
         max_waiting: int,
         clock: Callable[[], float] = time.monotonic,
+        max_labels: int = MAX_LABELS,
     ):
         self.scheduler, self.pool, self.cost, self.max_waiting = scheduler, pool, cost, max_waiting
         self.corrections = Corrections(scheduler)
-        self.stats: dict[str, ClientStats] = defaultdict(ClientStats)
         self._clock, self._start = clock, clock()
+        self.stats: ClientLedger[ClientStats] = ClientLedger(ClientStats, max_labels, self.now)
         self._waiting: dict[int, Ticket] = {}
         self._rids = itertools.count()
-        self.idle: OrderedDict[str, float] = OrderedDict()  # client -> idle since, oldest first
-        self.forgotten = ClientStats()  # the totals of clients forgotten after being idle
 
     def now(self) -> float:
         return self._clock() - self._start
@@ -105,10 +102,10 @@ class Dispatcher:
         over the client's rate limit); it may be dispatched at once. `predicts`: a request whose
         tokens cannot be seen as they come (passed through whole), charged its max_tokens at dispatch."""
         if not self.pool.any_up:
-            self._refused(client)
+            self.stats.refuse(client)
             raise Busy(503, "no upstream is available", "server_error", "upstream_unavailable")
         if queue_refuses(self.scheduler, client, self.max_waiting):
-            self._refused(client)
+            self.stats.refuse(client)
             raise Busy(
                 503,
                 f"the gateway's queue is full ({self.max_waiting} requests waiting; past that bound a client "
@@ -119,45 +116,18 @@ class Dispatcher:
         now = self.now()
         req = Request(client, prompt_len, max_tokens, now, rid=next(self._rids))
         if not self.scheduler.on_arrival(req, now):
-            self._refused(client)
+            self.stats.refuse(client)
             raise Busy(429, f"client '{client}' is over its rate limit", "rate_limit_error", "rate_limit_exceeded")
         ticket = Ticket(req, asyncio.get_running_loop().create_future(), predicts=predicts)
         self._waiting[req.rid] = ticket
-        self.stats[client].live += 1
-        self.idle.pop(client, None)
+        self.stats.begin(client)
         self.pump()
         return ticket
 
-    def _refused(self, client: str) -> None:
-        stats = self.stats[client]
-        stats.outcomes["rejected"] += 1
-        if not stats.live:
-            self._went_idle(client)
-
-    def _went_idle(self, client: str) -> None:
-        self.idle[client] = self.now()
-        self.idle.move_to_end(client)
-
-    def _ended(self, client: str, outcome: str) -> None:
-        stats = self.stats[client]
-        stats.outcomes[outcome] += 1
-        stats.live -= 1
-        if not stats.live:
-            self._went_idle(client)
-
     def expire(self, idle_s: float) -> None:
-        """Forget the clients idle for `idle_s` or longer: their numbers move into `forgotten`, and
-        the scheduler drops what it can (Scheduler.forget; asked again later where it says so)."""
-        now = self.now()
-        while self.idle:
-            client, since = next(iter(self.idle.items()))
-            if since + idle_s > now:
-                return
-            del self.idle[client]
-            if (stats := self.stats.pop(client, None)) is not None:
-                self.forgotten.absorb(stats)
-            if not self.scheduler.forget(client, now):
-                self.idle[client] = now  # some of its scheduler state may go after another idle period
+        """Forget the clients idle for `idle_s` or longer: their numbers stay in the ledger's total,
+        and the scheduler drops what it can (Scheduler.forget; asked again later where it says so)."""
+        self.stats.expire(idle_s, forgets(self.scheduler))
 
     def pump(self) -> None:
         """Dispatch waiting requests, in the scheduler's order, while some upstream has a free slot."""
@@ -211,7 +181,7 @@ class Dispatcher:
         for req in self.scheduler.drain():
             ticket = self._waiting.pop(req.rid)
             req.state = State.ABORTED
-            self._ended(req.client, "failed")
+            self.stats.end(req.client, "failed")
             ticket.slot.set_exception(error)
 
     # -- charges -------------------------------------------------------------------------------
@@ -246,7 +216,7 @@ class Dispatcher:
 
     def _serve(self, ticket: Ticket, service: float) -> None:
         ticket.service += service
-        self.stats[ticket.request.client].service += service
+        self.stats.serve(ticket.request.client, service, self.now())
 
     # -- endings -------------------------------------------------------------------------------
     def finish(self, ticket: Ticket) -> None:
@@ -289,12 +259,12 @@ class Dispatcher:
         if self._waiting.pop(req.rid, None) is not None:
             self.scheduler.remove(req)
             req.state = State.ABORTED
-            self._ended(req.client, outcome)
+            self.stats.end(req.client, outcome)
 
     def _end(self, ticket: Ticket, state: State, outcome: str) -> None:
         req = ticket.request
         req.state = state
         self.stats[req.client].inflight -= 1
-        self._ended(req.client, outcome)
+        self.stats.end(req.client, outcome)
         self.pool.release(ticket.upstream)
         self.pump()

@@ -1,67 +1,81 @@
-"""GET /metrics of the gateway (prometheus_client, a registry of its own): per client, the
-service charged, VTC counter, waiting and in-flight requests and outcomes; per upstream, the
+"""GET /metrics of the gateway (prometheus_client, a registry of its own): per client, the service
+charged, VTC counter, waiting and in-flight requests and requests by outcome; per upstream, the
 budget, in-flight requests, errors and timeouts.
 
-Client labels are bounded: the `max_labels` clients with the most service by name, the others
-summed under client="other", with the totals of clients forgotten after being idle."""
-
-from collections import defaultdict
+Client labels are bounded and sticky, as the server's: the dispatcher's ledger (serving/ledger.py)
+names at most its `max_labels` clients, moves labels to the busiest at most every RELABEL_S, and
+sums the rest under client="other", the clients forgotten after being idle included. A series
+counts from when its client got its label, so none jumps between its name and "other", and all of
+a family's series sum to the total. Outcomes are the ledger's words (OUTCOMES), as the server's."""
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from slora_vtc.gateway.context import GatewayContext
+from slora_vtc.serving.ledger import OUTCOMES
 
 PREFIX = "slora_gateway"
-MAX_CLIENT_LABELS = 100
-OTHER = "other"
-OUTCOMES = ("finished", "failed", "rejected", "aborted")
 
 
 class _Collector:
-    def __init__(self, ctx: GatewayContext, max_labels: int):
-        self.ctx, self.max_labels = ctx, max_labels
+    def __init__(self, ctx: GatewayContext):
+        self.ctx = ctx
 
     def collect(self):
         d = self.ctx.dispatcher
-        stats = dict(d.stats)
-        waiting = d.scheduler.waiting_by_client()
+        ledger = d.stats
+        ledger.relabel(d.now())
+        rows = sorted(ledger.labelled().items())  # O(labelled clients)
         counters = d.scheduler.counters() if d.scheduler.traits.ledger else {}
-        names = sorted(set(stats) | set(waiting), key=lambda c: -stats[c].service if c in stats else 0)
-        label = {name: name if i < self.max_labels else OTHER for i, name in enumerate(names)}
 
         def family(kind, name, doc, values):
-            summed = defaultdict(float)
-            for client, value in values:
-                summed[label.get(client, OTHER)] += value
             f = kind(f"{PREFIX}_{name}", doc, labels=["client"])
-            for client, value in sorted(summed.items()):
+            for client, value in values:
                 f.add_metric([client], value)
             return f
 
-        forgotten = d.forgotten  # clients forgotten after being idle: their totals stay, under "other"
         yield family(
             GaugeMetricFamily,
             "client_service",
-            "service charged (h(prompt, output tokens) of what was delivered)",
-            [*((c, s.service) for c, s in stats.items()), *([(OTHER, forgotten.service)] if forgotten.service else [])],
+            "service charged (h(prompt, output tokens) of what was delivered; failed requests refunded)",
+            ((c, s.service) for c, s in rows),
         )
-        yield family(GaugeMetricFamily, "client_counter", "VTC virtual token counter", counters.items())
-        yield family(GaugeMetricFamily, "client_waiting", "requests queued in the gateway", waiting.items())
+        yield family(
+            GaugeMetricFamily,
+            "client_counter",
+            "VTC virtual token counter (labelled clients)",
+            sorted((c, counters[c]) for c in ledger.labels if c in counters),
+        )
+        yield family(
+            GaugeMetricFamily,
+            "client_waiting",
+            "requests queued in the gateway",
+            ((c, s.live - s.inflight) for c, s in rows),
+        )
         yield family(
             GaugeMetricFamily,
             "client_inflight",
             "requests sent to an upstream, not yet ended",
-            ((c, s.inflight) for c, s in stats.items()),
+            ((c, s.inflight) for c, s in rows),
         )
-        outcomes = CounterMetricFamily(f"{PREFIX}_requests", "requests by how they ended", labels=["client", "outcome"])
-        summed = defaultdict(float)
-        for client, s in [*stats.items(), *([(OTHER, forgotten)] if forgotten.outcomes else [])]:
+        outcomes = CounterMetricFamily(
+            f"{PREFIX}_requests",
+            "requests ended, by outcome: finished, aborted (client gone, shutdown), failed (the upstream failed: "
+            "refunded), rejected (refused at arrival or by the upstream)",
+            labels=["client", "outcome"],
+        )
+        for client, s in rows:
             for outcome in OUTCOMES:
-                summed[label.get(client, OTHER), outcome] += s.outcomes.get(outcome, 0)
-        for (client, outcome), value in sorted(summed.items()):
-            outcomes.add_metric([client, outcome], value)
+                outcomes.add_metric([client, outcome], getattr(s, outcome))
         yield outcomes
+        yield GaugeMetricFamily(
+            f"{PREFIX}_known_clients",
+            "clients the gateway keeps numbers for (not yet forgotten)",
+            value=len(ledger.clients),
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_forgotten_clients", "clients forgotten after being idle", value=ledger.forgotten
+        )
         yield from self._upstreams()
         yield GaugeMetricFamily(f"{PREFIX}_waiting", "requests queued in the gateway", value=d.num_waiting)
 
@@ -91,7 +105,7 @@ class _Collector:
             yield f
 
 
-def render(ctx: GatewayContext, max_labels: int = MAX_CLIENT_LABELS) -> bytes:
+def render(ctx: GatewayContext) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(ctx, max_labels))
+    registry.register(_Collector(ctx))
     return generate_latest(registry)

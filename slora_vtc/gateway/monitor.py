@@ -9,8 +9,10 @@ from slora_vtc.gateway.adapt import Aimd, queue_metrics
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.upstream import Upstream
 
+DEFAULT_AIMD = Aimd()
 
-async def monitor(ctx: GatewayContext, aimd: Aimd = Aimd()) -> None:
+
+async def monitor(ctx: GatewayContext, aimd: Aimd = DEFAULT_AIMD) -> None:
     while True:
         await asyncio.sleep(ctx.config.probe_interval_s)
         await asyncio.gather(*(probe(ctx, u, aimd) for u in ctx.pool.upstreams))

@@ -28,8 +28,8 @@ from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Ticket
 from slora_vtc.gateway.relay import answer_whole, failed, relay
 from slora_vtc.gateway.upstream import Upstream
-from slora_vtc.server.connection import disconnected
-from slora_vtc.server.errors import ApiError
+from slora_vtc.serving.connection import disconnected
+from slora_vtc.serving.errors import ApiError
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody reads it
 
@@ -50,7 +50,8 @@ async def forward(
             return await _refused(ctx, ticket, reply)
         if routing.stream:
             events = relay(ctx, kind, ticket, reply, drop_usage=kind.openai and not routing.client_wants_usage)
-            # the background task settles a stream cancelled before its first chunk (the generator's finally never runs then)
+            # the background task settles a stream cancelled before its first chunk (the generator's finally
+            # never runs then)
             return StreamingResponse(
                 events,
                 media_type="text/event-stream",

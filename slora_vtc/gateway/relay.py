@@ -15,7 +15,7 @@ from slora_vtc.gateway.api import ApiKind, is_usage_only
 from slora_vtc.gateway.assemble import Assembled, Unassembled
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Ticket
-from slora_vtc.server.errors import ApiError
+from slora_vtc.serving.errors import ApiError
 
 DONE = "[DONE]"
 

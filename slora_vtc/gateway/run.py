@@ -13,7 +13,7 @@ from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SchedulerOptions
-from slora_vtc.server.clients import load_clients, scheduler_for
+from slora_vtc.serving.clients import load_clients, scheduler_for
 
 
 def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:

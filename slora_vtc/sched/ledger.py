@@ -7,6 +7,7 @@ totals (`set_counter`), and idle clients are forgotten (`forget`).
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 
 class Ledger(ABC):
@@ -42,3 +43,13 @@ class Ledger(ABC):
         """Drop what is kept for a client with nothing waiting or running, where dropping it cannot
         change a later decision (each scheduler's docstring says when). True: nothing more can be
         dropped; False: ask again later."""
+
+
+def forgets(scheduler) -> Callable[[str, float], bool]:
+    """What drops an idle client's state in `scheduler` (`forget(client, now)`): its ledger's, or,
+    for a scheduler without counters, nothing to drop."""
+    return scheduler.forget if scheduler.traits.ledger else _nothing_to_forget
+
+
+def _nothing_to_forget(client: str, now: float) -> bool:
+    return True

@@ -21,11 +21,11 @@ from functools import partial
 from fastapi.responses import JSONResponse
 from starlette.requests import Request as HttpRequest
 
-from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import caller
-from slora_vtc.server.errors import ApiError, error_body
 from slora_vtc.server.service import QUEUE_FULL, SHUTTING_DOWN, EngineService, ServiceStopped
+from slora_vtc.serving.clients import ClientConfig
+from slora_vtc.serving.errors import ApiError, error_body
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 OVERLOAD_RETRY_S = 1  # a full server frees slots within a few decode steps

@@ -9,7 +9,7 @@ import asyncio
 from collections import Counter
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -17,10 +17,10 @@ from starlette.exceptions import HTTPException
 from slora_vtc.server import openai_api, slora_api, utility_api
 from slora_vtc.server.admission import InflightLimit
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
+from slora_vtc.server.deps import ContextDep
 from slora_vtc.server.http_metrics import StatusCounter, metrics
-from slora_vtc.server.limits import BodyLimit
+from slora_vtc.serving.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
+from slora_vtc.serving.limits import BodyLimit
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -55,7 +55,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     return app
 
 
-async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
+async def health(ctx: ContextDep) -> JSONResponse:
     ok = ctx.service.healthy
     body = {
         "status": "ok" if ok else "unavailable",

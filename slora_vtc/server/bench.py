@@ -20,7 +20,7 @@ import httpx2
 
 from slora_vtc.errors import UserError
 from slora_vtc.results import Response, RunResult
-from slora_vtc.server.clients import Clients, load_clients
+from slora_vtc.serving.clients import Clients, load_clients
 from slora_vtc.traces import read_trace
 from slora_vtc.workload import RequestSpec
 

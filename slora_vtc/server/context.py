@@ -7,9 +7,9 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import AdapterTable, adapter_table
 from slora_vtc.model.spec import ModelSpec, is_folder, resolve_spec
-from slora_vtc.server.clients import Clients, load_clients, scheduler_for
 from slora_vtc.server.service import EngineService
 from slora_vtc.server.tokenizer import Tokenizer, load_tokenizer
+from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
                 known = ", ".join(adapters.names) or "none: give --lora NAME=PATH or --dummy-adapters N"
                 who = "[default]" if client is clients.default else f"client '{client.name}'"
                 raise UserError(
-                    f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have (known: {known})"
+                    f"{config.clients_file}: {who} uses LoRA adapter '{name}', which this server does not have "
+                    f"(known: {known})"
                 )
     return EngineConfig(
         pool_tokens=config.pool_tokens,

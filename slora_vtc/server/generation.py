@@ -21,14 +21,14 @@ from slora_vtc.memory import fits_alone
 from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.request import Request, TokenLogprob
 from slora_vtc.server.admission import check_adapter, refusal
-from slora_vtc.server.clients import ClientConfig
-from slora_vtc.server.connection import disconnected
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.errors import ApiError
 from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
 from slora_vtc.server.service import ServiceStopped
 from slora_vtc.server.stops import StopMatcher
 from slora_vtc.server.tokenizer import IncrementalDecoder
+from slora_vtc.serving.clients import ClientConfig
+from slora_vtc.serving.connection import disconnected
+from slora_vtc.serving.errors import ApiError
 
 CLIENT_GONE = "client disconnected"
 
@@ -112,7 +112,10 @@ def new_request(
 def _never_fits(ctx: ServerContext, req: Request) -> str:
     cfg = ctx.engine_config
     if req.prompt_len > cfg.batch_max_tokens:
-        return f"the prompt ({req.prompt_len} tokens) is longer than a prefill batch may be ({cfg.batch_max_tokens} tokens)"
+        return (
+            f"the prompt ({req.prompt_len} tokens) is longer than a prefill batch may be "
+            f"({cfg.batch_max_tokens} tokens)"
+        )
     adapter = f", {cfg.slots_of(req.adapter)} of them for the LoRA adapter" if req.adapter else ""
     most = cfg.pool_tokens - cfg.slots_of(req.adapter) - 1 - req.prompt_len
     if most < 1:

@@ -9,17 +9,16 @@ blocks neither the engine nor the event loop. With `metrics_key` set, /metrics n
 import asyncio
 from collections import Counter
 
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Match
 
 from slora_vtc import __version__
-from slora_vtc.server.connection import bears_key
-from slora_vtc.server.context import ServerContext
-from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError
+from slora_vtc.server.deps import ContextDep
 from slora_vtc.server.metrics import BuildInfo, render
+from slora_vtc.serving.connection import bears_key
+from slora_vtc.serving.errors import ApiError
 
 UNMATCHED = "unmatched"  # the route label of paths no route serves (404s): never the raw path
 
@@ -53,7 +52,7 @@ class StatusCounter:
         return UNMATCHED
 
 
-async def metrics(request: Request, ctx: ServerContext = Depends(context)) -> Response:
+async def metrics(request: Request, ctx: ContextDep) -> Response:
     key = ctx.config.metrics_key
     if key is not None and not bears_key(request, key):
         raise ApiError(

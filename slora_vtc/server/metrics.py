@@ -4,7 +4,9 @@ The service takes the snapshot on the engine thread (EngineService.snapshot, O(l
 clients)); this module renders it, off the event loop, through a registry of its own (no
 process-wide default registry) that also holds prometheus_client's process and platform
 collectors. Client labels are bounded: the labelled clients by name, the rest as client="other"
-(slora_vtc/server/stats.py says how the labelled set changes and why counters stay monotone).
+(serving/ledger.py says how the labelled set changes and why counters stay monotone). Requests
+are counted by outcome (`slora_requests_total{client, outcome}`, the words of serving/ledger.py,
+the same as the gateway's), finished ones also by OpenAI's finish reason.
 """
 
 from dataclasses import dataclass
@@ -12,15 +14,14 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from slora_vtc.server.stats import FINISH_REASONS, WINDOW_S, ClientStats, Histogram, Snapshot
+from slora_vtc.server.stats import FINISH_REASONS, ClientStats, Histogram, Snapshot
+from slora_vtc.serving.ledger import OUTCOMES
+from slora_vtc.serving.window import WINDOW_S
 
 PREFIX = "slora"
 
 COUNTS = [
     ("requests_admitted", "requests accepted by the scheduler", lambda c: c.admitted),
-    ("requests_rejected", "requests refused at arrival (rate limit, shutdown)", lambda c: c.rejected),
-    ("requests_finished", "requests served to the end", lambda c: c.finished),
-    ("requests_aborted", "requests ended early (client gone, shutdown, model error)", lambda c: c.aborted),
     ("served_input_tokens", "prompt tokens prefilled", lambda c: c.input_tokens),
     ("served_output_tokens", "tokens generated", lambda c: c.output_tokens),
 ]
@@ -52,8 +53,18 @@ class _SnapshotCollector:
         clients = sorted(s.clients.items())
         for name, doc, value in COUNTS + (CACHED_COUNTS if s.prefix_cache else []):
             yield _per_client(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["client"]), clients, value)
+        outcomes = CounterMetricFamily(
+            f"{PREFIX}_requests",
+            "requests ended, by outcome: finished, aborted (client gone, shutdown), failed (the model or the "
+            "engine failed), rejected (refused at arrival)",
+            labels=["client", "outcome"],
+        )
+        for client, stats in clients:
+            for word in OUTCOMES:
+                outcomes.add_metric([client, word], getattr(stats, word))
+        yield outcomes
         reasons = CounterMetricFamily(
-            f"{PREFIX}_requests_by_finish_reason", "requests ended, by finish reason", labels=["client", "reason"]
+            f"{PREFIX}_requests_by_finish_reason", "finished requests, by finish reason", labels=["client", "reason"]
         )
         for client, stats in clients:
             for reason in FINISH_REASONS:

@@ -10,13 +10,11 @@ the choices).
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
 from slora_vtc.model.sampling_params import SamplingParams
-from slora_vtc.server.clients import ClientConfig
 from slora_vtc.server.context import ServerContext
-from slora_vtc.server.deps import Caller, caller, context
-from slora_vtc.server.errors import ApiError
+from slora_vtc.server.deps import CallerDep, ContextDep
 from slora_vtc.server.generation import (
     Generation,
     check_vocab,
@@ -29,7 +27,9 @@ from slora_vtc.server.generation import (
     start_all,
 )
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
-from slora_vtc.server.protocol import (
+from slora_vtc.serving.clients import ClientConfig
+from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.protocol import (
     CHAT_DEFAULT_MAX_TOKENS,
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatRequest,
@@ -41,12 +41,12 @@ router = APIRouter()
 
 
 @router.get("/v1/models")
-async def models(ctx: ServerContext = Depends(context)) -> dict:
+async def models(ctx: ContextDep) -> dict:
     return {"object": "list", "data": [_model_card(ctx, name) for name in _served(ctx)]}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def model(model_id: str, ctx: ServerContext = Depends(context)) -> dict:
+async def model(model_id: str, ctx: ContextDep) -> dict:
     _check_model(ctx, model_id)
     return _model_card(ctx, model_id if model_id in ctx.adapters else ctx.model_name)
 
@@ -79,7 +79,7 @@ def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> st
 
 
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, http: Request, who: Caller = Depends(caller)):
+async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
     prompts = body.prompts
@@ -96,7 +96,7 @@ async def completions(body: CompletionRequest, http: Request, who: Caller = Depe
 
 
 @router.post("/v1/chat/completions")
-async def chat(body: ChatRequest, http: Request, who: Caller = Depends(caller)):
+async def chat(body: ChatRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
     ids = await asyncio.to_thread(

@@ -15,8 +15,8 @@ from contextlib import aclosing
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.generation import Delta, Generation, usage
 from slora_vtc.server.logprobs import CompletionLogprobs, chat_logprobs, token_text
-from slora_vtc.server.protocol import ChatRequest, CompletionRequest
-from slora_vtc.server.sse import sse
+from slora_vtc.serving.protocol import ChatRequest, CompletionRequest
+from slora_vtc.serving.sse import sse
 
 
 def cumulative_logprob(gen: Generation) -> float:

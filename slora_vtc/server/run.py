@@ -74,8 +74,8 @@ def backlog_note(backlog: int, somaxconn: Path = Path("/proc/sys/net/core/somaxc
     if cap >= backlog:
         return None
     return (
-        f"slora-vtc: warning: the kernel caps the listen backlog at {cap} (net.core.somaxconn), below --backlog {backlog}; "
-        f"a burst of connections beyond that may be reset"
+        f"slora-vtc: warning: the kernel caps the listen backlog at {cap} (net.core.somaxconn), "
+        f"below --backlog {backlog}; a burst of connections beyond that may be reset"
     )
 
 

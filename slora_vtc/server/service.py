@@ -25,9 +25,11 @@ from functools import partial
 
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State
+from slora_vtc.sched.ledger import forgets
 from slora_vtc.sched.shedding import queue_refuses
 from slora_vtc.server.events import Accepted, Ended, Event, Subscriber, Tokens
-from slora_vtc.server.stats import OTHER, ServerStats, Snapshot
+from slora_vtc.server.stats import ServerStats, Snapshot
+from slora_vtc.serving.ledger import OTHER
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +48,17 @@ class _Live:
     sent: int = 0  # output ids already sent
     counted: int = 0  # generated tokens already in the client's stats
     last_token_at: float = 0.0  # engine clock, when the latest counted token came
+    cancelled: bool = False  # aborted by the server (its client left, a shutdown), not failed by the engine
 
 
-class LiveRequests(dict):
-    """The requests in the server (submitted, not ended) -> their _Live, counted per client, so
-    that a client going idle (its last request ends) or busy again is known in O(1)."""
-
-    def __init__(self, on_busy: Callable[[str], None], on_idle: Callable[[str], None]):
-        super().__init__()
-        self._on_busy, self._on_idle = on_busy, on_idle
-
-    def __setitem__(self, req: Request, live: _Live) -> None:
-        if req not in self:
-            self._on_busy(req.client)
-        super().__setitem__(req, live)
-
-    def pop(self, req: Request, *default):
-        had = req in self
-        live = super().pop(req, *default)
-        if had:
-            self._on_idle(req.client)
-        return live
+def outcome(req: Request, cancelled: bool) -> str:
+    """How an ended request counts (serving/ledger.py, OUTCOMES): an abort that the server did not ask
+    for (the model failed on it, the engine failed) is a failure."""
+    if req.state is State.FINISHED:
+        return "finished"
+    if req.state is State.REJECTED:
+        return "rejected"
+    return "aborted" if cancelled else "failed"
 
 
 def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
@@ -90,7 +82,7 @@ class EngineService:
         # signal handler may call stop() while the same thread is inside _send
         self._lock = threading.RLock()
         self._closed = False
-        self._live = LiveRequests(self.stats.begin, self.stats.end)
+        self._live: dict[Request, _Live] = {}  # the requests in the server: submitted, not ended
         self._outbox: list[tuple[Subscriber, Event]] = []
         self._stop_at: float | None = None  # monotonic deadline of the shutdown drain
         self._thread = threading.Thread(target=self._run, name="slora-engine", daemon=True)
@@ -200,16 +192,18 @@ class EngineService:
     def _add(self, req: Request, sub: Subscriber) -> None:
         if self._stop_at is not None or queue_refuses(self.engine.scheduler, req.client, self.max_waiting):
             req.state, req.reason = State.REJECTED, QUEUE_FULL if self._stop_at is None else self.error or SHUTTING_DOWN
-            self.stats[req.client].rejected += 1
+            self.stats.refuse(req.client)
             self._emit(sub, Ended.of(req))
             return
         self._live[req] = _Live(sub)
+        self.stats.begin(req.client)
         if self.engine.add_request(req):  # a rejection already went out through _on_end
             self.stats[req.client].admitted += 1
             self._emit(sub, Accepted())
 
     def _abort(self, req: Request, reason: str) -> None:
-        if req in self._live:
+        if (live := self._live.get(req)) is not None:
+            live.cancelled = True
             self.engine.abort(req, reason)
 
     def _finish(self, req: Request) -> None:
@@ -255,12 +249,8 @@ class EngineService:
 
     # -- idle clients ---------------------------------------------------------------------
     def _housekeeping(self) -> None:
-        now = self.clock.now()
-        sched = self.engine.scheduler
-        for client in self.stats.due(self.client_idle_s):
-            if sched.traits.ledger and not sched.forget(client, now):
-                self.stats.remind(client)  # ask the scheduler again after another idle period
-        self.stats.relabel(now)
+        self.stats.expire(self.client_idle_s, forgets(self.engine.scheduler))
+        self.stats.relabel(self.clock.now())
 
     def _stop(self, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s
@@ -271,7 +261,7 @@ class EngineService:
         if live is None:
             return
         self._send_tokens(req, live)
-        self._end_stats(req)
+        self._end_stats(req, live)
         self._emit(live.sub, Ended.of(req))
 
     def _send_tokens(self, req: Request, live: _Live) -> None:
@@ -304,15 +294,17 @@ class EngineService:
             live.last_token_at = now
         live.counted = req.generated
 
-    def _end_stats(self, req: Request) -> None:
-        for s in self.stats.both(req.client):
-            s.ended(req.state)
-            if req.state is State.FINISHED:
+    def _end_stats(self, req: Request, live: _Live) -> None:
+        if req.state is State.FINISHED:
+            for s in self.stats.both(req.client):
                 s.stopped += req.stopped
                 s.latency.observe(req.finish_time - req.arrival)
+        self.stats.end(req.client, outcome(req, live.cancelled))
 
     def _abort_all(self, reason: str) -> None:
-        for req in list(self._live):
+        """End every request: a shutdown cancels them (aborted), a failed engine fails them."""
+        for req, live in list(self._live.items()):
+            live.cancelled = self.error is None
             try:
                 self.engine.abort(req, reason)
             except Exception:

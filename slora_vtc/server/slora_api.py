@@ -11,18 +11,18 @@ details {"finish_reason", "prompt_tokens", "generated_tokens"}.
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from slora_vtc.server.deps import Caller, caller
+from slora_vtc.server.deps import Caller, CallerDep
 from slora_vtc.server.generation import Generation, new_request, prompt_ids, sampling, sse_response
-from slora_vtc.server.protocol import GenerateRequest
-from slora_vtc.server.sse import sse
+from slora_vtc.serving.protocol import GenerateRequest
+from slora_vtc.serving.sse import sse
 
 router = APIRouter()
 
 
 @router.post("/generate")
-async def generate(body: GenerateRequest, http: Request, who: Caller = Depends(caller)) -> dict:
+async def generate(body: GenerateRequest, http: Request, who: CallerDep) -> dict:
     gen = await _start(who, body)
     text = await gen.collect(http)
     return {
@@ -34,7 +34,7 @@ async def generate(body: GenerateRequest, http: Request, who: Caller = Depends(c
 
 
 @router.post("/generate_stream")
-async def generate_stream(body: GenerateRequest, who: Caller = Depends(caller)):
+async def generate_stream(body: GenerateRequest, who: CallerDep):
     gen = await _start(who, body)
     return sse_response([gen], _events(gen))
 

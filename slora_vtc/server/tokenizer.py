@@ -43,7 +43,8 @@ class ByteTokenizer(Tokenizer):
     def __init__(self, spec: ModelSpec):
         if spec.vocab_size < BYTES:
             raise UserError(
-                f"model '{spec.name}': a vocabulary of {spec.vocab_size} cannot hold the byte tokenizer (256 ids); pass --tokenizer"
+                f"model '{spec.name}': a vocabulary of {spec.vocab_size} cannot hold the byte tokenizer (256 ids); "
+                "pass --tokenizer"
             )
         self.offset = min(LLAMA_BYTE_OFFSET, spec.vocab_size - BYTES)
         self.bos_id = spec.bos_token_id

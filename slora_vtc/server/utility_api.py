@@ -6,15 +6,14 @@ their count and the model's context; /detokenize the text of ids of the model's 
 
 import asyncio
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, field_validator
 
 from slora_vtc import __version__
-from slora_vtc.server.context import ServerContext
-from slora_vtc.server.deps import context
-from slora_vtc.server.errors import ApiError
+from slora_vtc.server.deps import ContextDep
 from slora_vtc.server.generation import prompt_ids
-from slora_vtc.server.protocol import STRICT, UnicodeText, is_token_ids
+from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.protocol import STRICT, UnicodeText, is_token_ids
 
 router = APIRouter()
 
@@ -39,13 +38,13 @@ class DetokenizeRequest(BaseModel):
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, ctx: ServerContext = Depends(context)) -> dict:
+async def tokenize(body: TokenizeRequest, ctx: ContextDep) -> dict:
     ids = await asyncio.to_thread(prompt_ids, ctx, body.prompt)
     return {"count": len(ids), "max_model_len": ctx.spec.max_position, "tokens": ids}
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, ctx: ServerContext = Depends(context)) -> dict:
+async def detokenize(body: DetokenizeRequest, ctx: ContextDep) -> dict:
     vocab = ctx.spec.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:

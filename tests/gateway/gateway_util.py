@@ -20,6 +20,7 @@ from slora_vtc.server.context import ServerConfig, build_context
 from slora_vtc.server.run import server_for
 
 START_TIMEOUT_S = 30
+CHUNK = {"id": "c", "object": "text_completion", "created": 0, "model": "fake"}  # a fake stream chunk, less its choices
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,10 @@ class FakeUpstream:
             if not self.vllm_metrics:
                 return PlainTextResponse("# TYPE other_metric gauge\nother_metric 1.0\n")
             return PlainTextResponse(
-                f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="fake"}} {self.queued}\n'
-                f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="fake"}} 0.0\n'
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{model_name="fake"}} {self.queued}\n'
+                "# TYPE vllm:num_requests_running gauge\n"
+                'vllm:num_requests_running{model_name="fake"} 0.0\n'
             )
 
         @app.post("/v1/completions")
@@ -170,7 +173,8 @@ class FakeUpstream:
                         if self.breaks == "cut":
                             raise ConnectionResetError("the fake upstream cuts the stream")
                         if self.breaks == "event":
-                            yield f"data: {json.dumps({'error': {'message': 'the fake upstream broke', 'type': 'server_error'}})}\n\n"
+                            error = {"message": "the fake upstream broke", "type": "server_error"}
+                            yield f"data: {json.dumps({'error': error})}\n\n"
                             yield "data: [DONE]\n\n"
                         return
                     if self.hold_after is not None and i == self.hold_after:
@@ -182,9 +186,9 @@ class FakeUpstream:
                         "logprobs": None,
                         "finish_reason": "length" if i == n - 1 else None,
                     }
-                    yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [choice]})}\n\n"
+                    yield f"data: {json.dumps({**CHUNK, 'choices': [choice]})}\n\n"
                 if (body.get("stream_options") or {}).get("include_usage"):
-                    yield f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'created': 0, 'model': 'fake', 'choices': [], 'usage': usage})}\n\n"
+                    yield f"data: {json.dumps({**CHUNK, 'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")

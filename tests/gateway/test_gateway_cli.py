@@ -55,5 +55,8 @@ def test_the_gateway_loads_no_model_code():
     import subprocess
     import sys
 
-    code = "import sys; sys.modules['torch'] = None; import slora_vtc.cli.gateway, slora_vtc.gateway.run, slora_vtc.gateway.app"
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "import slora_vtc.cli.gateway, slora_vtc.gateway.run, slora_vtc.gateway.app, slora_vtc.serving.ledger"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0

@@ -18,7 +18,7 @@ from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.run import build_context
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
-from slora_vtc.server.clients import ClientConfig, Clients, scheduler_for
+from slora_vtc.serving.clients import ClientConfig, Clients, scheduler_for
 
 TOKEN_COUNT_SCHEDULERS = ["fcfs", "rpm:100", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"]
 
@@ -54,10 +54,10 @@ def test_each_token_count_scheduler_dispatches_within_the_slots_and_balances(spe
             d.fail(ticket) if ended % 3 == 2 else d.finish(ticket)
             ended += 1
         assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
-        outcomes = {o: sum(s.outcomes[o] for s in d.stats.values()) for o in ("finished", "failed")}
+        outcomes = {o: sum(s.outcomes[o] for s in d.stats.clients.values()) for o in ("finished", "failed")}
         assert outcomes == {"finished": 7, "failed": 3}
-        assert all(s.inflight == 0 for s in d.stats.values())
-        assert sum(s.service for s in d.stats.values()) == 7 * (8 + 2 * 4)  # failed requests count nothing
+        assert all(s.inflight == 0 for s in d.stats.clients.values())
+        assert sum(s.service for s in d.stats.clients.values()) == 7 * (8 + 2 * 4)  # failed requests count nothing
 
     run(scenario)
 
@@ -234,11 +234,12 @@ def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
         busy = d.submit("b", 4, 4)
         clock[0] = 5.0
         d.expire(10.0)
-        assert set(d.stats) == {"a", "b"}  # a idle for 5 s only
+        assert set(d.stats.clients) == {"a", "b"}  # a idle for 5 s only
         clock[0] = 11.0
         d.expire(10.0)
-        assert set(d.stats) == {"b"} and "a" not in d.scheduler.counters()  # b is in flight: kept
-        assert d.forgotten.service == 4 + 2 * 2 and d.forgotten.outcomes == {"finished": 1}
+        assert set(d.stats.clients) == {"b"} and "a" not in d.scheduler.counters()  # b is in flight: kept
+        forgotten = d.stats.labelled()["other"]  # b keeps its label: "other" is what a was counted
+        assert forgotten.service == 4 + 2 * 2 and forgotten.outcomes == {"finished": 1}
         ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), d.pool, d)
         rendered = render(ctx).decode()
         assert 'slora_gateway_client_service{client="other"} 8.0' in rendered
@@ -246,7 +247,7 @@ def test_idle_clients_are_forgotten_and_their_totals_kept_under_other():
         d.finish(busy)
         clock[0] = 30.0
         d.expire(10.0)
-        assert d.stats == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
+        assert d.stats.clients == {}  # (the scheduler forgets what it can: VTC may keep a counter, see VTC.forget)
 
     run(scenario)
 
@@ -270,3 +271,76 @@ def test_a_client_whose_charge_was_corrected_is_still_forgotten():
         assert "a" not in d.scheduler.counters() and "a" not in d.scheduler.idle.kept
 
     run(scenario)
+
+
+# -- sticky client labels in /metrics ---------------------------------------------------------------
+def scrape(d: Dispatcher) -> dict[str, dict[str, float]]:
+    """Per family: client -> value of the gateway's service and finished-requests series."""
+    ctx = GatewayContext(GatewayConfig(upstreams=("http://u",)), Clients(), d.pool, d)
+    lines = render(ctx).decode().splitlines()
+    m = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))}
+    service, finished = 'slora_gateway_client_service{client="', 'slora_gateway_requests_total{client="'
+    return {
+        "service": {k[len(service) : -2]: v for k, v in m.items() if k.startswith(service)},
+        "finished": {
+            k[len(finished) : -len('",outcome="finished"}')]: v
+            for k, v in m.items()
+            if k.startswith(finished) and k.endswith('outcome="finished"}')
+        },
+    }
+
+
+def test_gateway_labels_are_sticky_every_series_only_grows_and_all_sum_to_the_total():
+    """Two labels, one slot, fcfs; a request of 4 prompt tokens and k tokens is served h = 4 + 2 k.
+    t=0: a (k=2: 8) and b (k=1: 6) take the two labels as they appear. t=1: c, twice k=3 (20), has none.
+    t=2, the first relabelling: in the window c 20, a 8, b 6: c takes b's label, counting from 0 (its
+    20 stay in "other", with b's 6). t=3: b 6 more, c 10 more. t=13, ten seconds later: c 30, b 12,
+    a 8: b takes a's label from 0, a's 8 go into "other"."""
+
+    async def scenario():
+        clock = [0.0]
+        d = Dispatcher(
+            build_scheduler("fcfs", []),
+            UpstreamPool([Upstream("http://u", 1)]),
+            LinearCost(),
+            100,
+            clock=lambda: clock[0],
+            max_labels=2,
+        )
+
+        def serve(client: str, tokens: int) -> None:
+            ticket = d.submit(client, 4, 4)
+            d.on_tokens(ticket, tokens)
+            d.finish(ticket)
+
+        serve("a", 2), serve("b", 1)
+        scrapes = [scrape(d)]
+        clock[0] = 1.0
+        serve("c", 3), serve("c", 3)
+        clock[0] = 2.0
+        scrapes.append(scrape(d))
+        clock[0] = 3.0
+        serve("b", 1), serve("c", 3)
+        clock[0] = 4.0
+        scrapes.append(scrape(d))
+        clock[0] = 13.0
+        scrapes.append(scrape(d))
+        return scrapes
+
+    scrapes = run(scenario)
+    assert [s["service"] for s in scrapes] == [
+        {"a": 8, "b": 6, "other": 0},
+        {"a": 8, "c": 0, "other": 26},
+        {"a": 8, "c": 10, "other": 32},
+        {"b": 0, "c": 10, "other": 40},
+    ]
+    assert [s["finished"] for s in scrapes] == [
+        {"a": 1, "b": 1, "other": 0},
+        {"a": 1, "c": 0, "other": 3},
+        {"a": 1, "c": 1, "other": 4},
+        {"b": 0, "c": 1, "other": 5},
+    ]
+    for family, totals in (("service", [14, 34, 50, 50]), ("finished", [2, 4, 6, 6])):
+        assert [sum(s[family].values()) for s in scrapes] == totals  # every series together: the total
+        for before, after in zip(scrapes, scrapes[1:]):  # a series that stays never goes down
+            assert all(after[family][c] >= v for c, v in before[family].items() if c in after[family])

@@ -3,10 +3,12 @@ six methods every scheduler must, served through `serve` and through the gateway
 leaves while it waits is aborted, and the queue goes on serving."""
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
 import httpx2
+import pytest
 from gateway_util import FakeUpstream, fake_upstream, gateway
 from server_util import running_server
 
@@ -14,8 +16,18 @@ from slora_vtc.cli.plugins import load_plugins
 from slora_vtc.sched import SCHEDULERS
 
 PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "round_robin.py"
-if "rr" not in SCHEDULERS:  # registered once per process (a name that is taken is an error)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def plugin():
+    """`rr` registered as `--plugin` does it, for this module's tests only (the registry is the process's)."""
+    before, modules = dict(SCHEDULERS), set(sys.modules)
     load_plugins([str(PLUGIN)])
+    yield
+    SCHEDULERS.clear()
+    SCHEDULERS.update(before)
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
 
 
 def wait_for(predicate, timeout_s: float = 20.0) -> None:
@@ -29,7 +41,7 @@ def test_serve_aborts_a_request_of_the_plugin_scheduler_that_leaves_while_it_wai
     with running_server(pool_tokens=2000, scheduler="rr") as server:
 
         def aborted(client: str) -> float:
-            return server.per_client("requests_aborted_total").get(client, 0)
+            return server.per_client("requests_total", outcome="aborted").get(client, 0)
 
         async def scenario():
             async with httpx2.AsyncClient(timeout=30) as http:

@@ -60,8 +60,8 @@ def ascii_pair(text: str, start: int = 3) -> str:
 
 def counts(server, user: str) -> tuple[float, float]:
     m = server.wait_idle()
-    return m.get(f'slora_requests_finished_total{{client="{user}"}}', 0), m.get(
-        f'slora_requests_aborted_total{{client="{user}"}}', 0
+    return m.get(f'slora_requests_total{{client="{user}",outcome="finished"}}', 0), m.get(
+        f'slora_requests_total{{client="{user}",outcome="aborted"}}', 0
     )
 
 
@@ -247,7 +247,7 @@ def test_disconnecting_from_an_n_3_stream_aborts_all_three(server):
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
     deadline = time.monotonic() + 20
-    while server.per_client("requests_aborted_total").get("n-leaver", 0) < 3 and time.monotonic() < deadline:
+    while server.per_client("requests_total", outcome="aborted").get("n-leaver", 0) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert counts(server, "n-leaver") == (0, 3)
 
@@ -264,7 +264,9 @@ def test_disconnecting_from_an_n_3_request_aborts_all_three(server):
 
     asyncio.run(leave_once_running())
     deadline = time.monotonic() + 20
-    while server.per_client("requests_aborted_total").get("n-quitter", 0) < 3 and time.monotonic() < deadline:
+    while (
+        server.per_client("requests_total", outcome="aborted").get("n-quitter", 0) < 3 and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     assert counts(server, "n-quitter") == (0, 3)
 
@@ -279,9 +281,10 @@ def test_one_refused_sequence_ends_the_others(tmp_path):
                 model="tiny", prompt=[1, 2], n=3, max_tokens=50, user="greedy", extra_body={"ignore_eos": True}
             )
         m = srv.wait_idle()
-        assert m['slora_requests_rejected_total{client="greedy"}'] == 1
+        assert m['slora_requests_total{client="greedy",outcome="rejected"}'] == 1
         assert (
-            m['slora_requests_aborted_total{client="greedy"}'] + m['slora_requests_finished_total{client="greedy"}']
+            m['slora_requests_total{client="greedy",outcome="aborted"}']
+            + m['slora_requests_total{client="greedy",outcome="finished"}']
             == 2
         )
 
@@ -504,7 +507,8 @@ def test_best_of_returns_the_sequences_with_the_highest_cumulative_logprob(hf):
 
 
 def _penalised_greedy(model, prompt: list[int], new: int, presence=0.0, frequency=0.0, repetition=1.0) -> list[int]:
-    """Greedy decoding with OpenAI's penalties (output tokens) and HF's repetition penalty (prompt and output), by hand."""
+    """Greedy decoding with OpenAI's penalties (output tokens) and HF's repetition penalty (prompt and output),
+    by hand."""
     ids, out = list(prompt), []
     for _ in range(new):
         logits = hf_logits(model, ids)[-1].clone()

@@ -129,7 +129,7 @@ def test_generate_text_input_with_client_header(server):
         headers={"X-Client-Id": "header-client"},
     )
     assert r.status_code == 200 and r.json()["prompt_tokens"] == 4
-    assert server.per_client("requests_finished_total").get("header-client") == 1
+    assert server.per_client("requests_total", outcome="finished").get("header-client") == 1
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -167,7 +167,8 @@ def test_generate_text_input_with_client_header(server):
         ('{"prompt": "x", "min_tokens": 3}', "'min_tokens' is not supported"),
         ('{"prompt": "x", "repetition_penalty": 0}', "repetition_penalty: Input should be greater than 0"),
         (
-            '{"prompt": "x", "repetition_penalty": 1.0, "min_p": 0, "stop_token_ids": [], "max_tokens": 1, "ignore_eos": true}',
+            '{"prompt": "x", "repetition_penalty": 1.0, "min_p": 0, "stop_token_ids": [], "max_tokens": 1, '
+            '"ignore_eos": true}',
             None,
         ),
     ],
@@ -221,7 +222,7 @@ def test_openai_client_raises_on_a_bad_request_and_the_server_keeps_serving(serv
 
 # -- disconnects ---------------------------------------------------------------------------------
 def aborted(server, client_name: str) -> float:
-    return server.per_client("requests_aborted_total").get(client_name, 0)
+    return server.per_client("requests_total", outcome="aborted").get(client_name, 0)
 
 
 def wait_for(predicate, timeout_s: float = 20.0) -> None:
@@ -239,7 +240,7 @@ def test_disconnect_mid_stream_aborts_and_frees_the_pool(server):
         assert server.metrics()["slora_pool_used_tokens"] > 0
     wait_for(lambda: aborted(server, "leaver") == 1)
     m = server.wait_idle()
-    assert m['slora_requests_finished_total{client="leaver"}'] == 0
+    assert m['slora_requests_total{client="leaver",outcome="finished"}'] == 0
 
 
 def test_disconnect_while_queued_and_while_running(server):
@@ -260,7 +261,8 @@ def test_disconnect_while_queued_and_while_running(server):
                     assert r2.status_code == 200
                     wait = server.per_client("client_waiting")
                     assert wait.get("waiter") == 1
-                # the waiter leaves first; had the hog's departure been noticed first, the waiter would be admitted into the freed pool
+                # the waiter leaves first; had the hog's departure been noticed first, the waiter would be admitted
+                # into the freed pool
                 await asyncio.to_thread(wait_for, lambda: aborted(server, "waiter") == 1)
 
     asyncio.run(scenario())

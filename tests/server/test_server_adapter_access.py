@@ -9,8 +9,8 @@ import pytest
 from server_util import running_server
 
 from slora_vtc.errors import UserError
-from slora_vtc.server.clients import load_clients
 from slora_vtc.server.context import ServerConfig, build_context
+from slora_vtc.serving.clients import load_clients
 
 KEYED = """
 [default]
@@ -90,7 +90,8 @@ def test_with_keys_a_client_names_only_the_adapters_its_entry_allows(tmp_path):
         m = srv.wait_idle()
     served = sum(len(a) for a in MAY.values()) * 2 + 1
     assert (
-        sum(v for k, v in m.items() if k.startswith("slora_requests_finished_total")) == served
+        sum(v for k, v in m.items() if k.startswith("slora_requests_total") and k.endswith('outcome="finished"}'))
+        == served
     )  # the refused never reached the engine
 
 

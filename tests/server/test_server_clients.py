@@ -10,7 +10,7 @@ from server_util import running_server
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC, RateLimited, build_scheduler
-from slora_vtc.server.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
+from slora_vtc.serving.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
 
 CLIENTS = """
 [default]
@@ -120,8 +120,8 @@ def test_key_decides_the_client_weight_and_adapter(keyed):
     )
     assert r.usage.completion_tokens == 5
     m = keyed.wait_idle()
-    assert 'slora_requests_finished_total{client="mallory"}' not in m
-    assert m['slora_requests_finished_total{client="alice"}'] == 1
+    assert 'slora_requests_total{client="mallory",outcome="finished"}' not in m
+    assert m['slora_requests_total{client="alice",outcome="finished"}'] == 1
     # weight 2: VTC charges half of (4 prompt tokens + 2 x 4 decode steps)
     assert m['slora_client_counter{client="alice"}'] == pytest.approx((4 + 2 * 4) / 2)
     assert m["slora_adapters_resident"] == 0  # alice's adapter left the pool with her request
@@ -138,7 +138,7 @@ def test_rpm_limit_gets_429_and_other_clients_are_served(keyed):
         == 1
     )
     m = keyed.wait_idle()
-    assert m['slora_requests_rejected_total{client="bob"}'] == 1
+    assert m['slora_requests_total{client="bob",outcome="rejected"}'] == 1
     assert m['slora_requests_admitted_total{client="bob"}'] == 2
 
 

@@ -18,15 +18,20 @@ from slora_vtc.sched import VTC
 from slora_vtc.server.events import Ended, Subscriber
 from slora_vtc.server.metrics import BuildInfo, render
 from slora_vtc.server.service import EngineService
-from slora_vtc.server.stats import RELABEL_S, ServerStats, ServiceWindow
+from slora_vtc.server.stats import ServerStats
+from slora_vtc.serving.ledger import RELABEL_S
+from slora_vtc.serving.window import ServiceWindow
 
 BUILD = BuildInfo("0", "vtc", "sim")
 
 
-def series(values: dict[str, float], name: str) -> dict[str, float]:
-    """client -> value of the series `name{client="..."}` (single-label families)."""
-    prefix = f'{name}{{client="'
-    return {k[len(prefix) : -2]: v for k, v in values.items() if k.startswith(prefix) and k.endswith('"}')}
+def series(values: dict[str, float], name: str, **labels: str) -> dict[str, float]:
+    """client -> value of the series `name{client="...",LABELS}` (the other labels as given, in their order)."""
+    prefix, suffix = f'{name}{{client="', '"' + "".join(f',{k}="{v}"' for k, v in labels.items()) + "}"
+    clients = {
+        k[len(prefix) : -len(suffix)]: v for k, v in values.items() if k.startswith(prefix) and k.endswith(suffix)
+    }
+    return {client: v for client, v in clients.items() if '"' not in client}
 
 
 # -- the engine service on simulated time: every number worked out by hand ---------------------------
@@ -100,14 +105,14 @@ def test_five_thousand_client_ids_are_bounded_in_labels_and_forgotten_when_idle(
     ends = serve_all(service, [Request(f"user-{i}", 2, 1, 0.0, prompt_ids=[1, 2]) for i in range(5000)])
     assert {e.finish_reason for e in ends} == {"length"}
     m = scrape(service)
-    labelled = series(m, "slora_requests_finished_total")
+    labelled = series(m, "slora_requests_total", outcome="finished")
     assert len(labelled) == 11 and "other" in labelled  # the first 10 by name, the rest together
     assert sum(labelled.values()) == 5000 and labelled["other"] == 4990
     assert m["slora_known_clients"] == 5000
     service.call(lambda: clock.advance(601.0)).result(timeout=30)  # everyone idle for longer than 600 s
     m = scrape(service)
     assert m["slora_known_clients"] == 0 and m["slora_forgotten_clients_total"] == 5000
-    assert series(m, "slora_requests_finished_total") == {"other": 5000}  # the totals kept
+    assert series(m, "slora_requests_total", outcome="finished") == {"other": 5000}  # the totals kept
     assert series(m, "slora_served_input_tokens_total") == {"other": 10_000}
     assert m['slora_time_to_first_token_seconds_count{client="other"}'] == 5000
     vtc = service.engine.scheduler
@@ -157,7 +162,7 @@ def test_a_client_only_ever_refused_is_forgotten_too_and_the_total_keeps_it():
     stats["x"].rejected += 1  # refused before it ever had a request in the server (shutdown, overload)
     assert stats.total.rejected == 1 and stats.until_due(600.0) == 600.0
     clock.advance(600.0)
-    assert stats.due(600.0) == ["x"] and "x" not in stats and stats.total.rejected == 1
+    assert stats.expire(600.0, lambda client, now: True) == ["x"] and "x" not in stats and stats.total.rejected == 1
     assert stats.labelled()["other"].rejected == 1
 
 
@@ -210,14 +215,14 @@ def test_clients_over_http_expire_and_labels_stay_bounded():
         for i in range(8):
             assert complete(server.url, f"c{i}").status_code == 200
         m = server.wait_idle()
-        finished = server.per_client("requests_finished_total")
+        finished = server.per_client("requests_total", outcome="finished")
         assert len(finished) <= 4 and "other" in finished  # three by name at most (some may have expired already)
         assert sum(finished.values()) == 8
         deadline = time.monotonic() + 20
         while server.metrics()["slora_known_clients"] and time.monotonic() < deadline:
             time.sleep(0.1)
         m = server.metrics()
-        assert server.per_client("requests_finished_total") == {"other": 8}
+        assert server.per_client("requests_total", outcome="finished") == {"other": 8}
     assert m["slora_known_clients"] == 0 and m["slora_forgotten_clients_total"] == 8
 
 

@@ -56,8 +56,13 @@ async def flood(url: str, watch=None) -> list[tuple[str, str]]:
 
 
 def totals(m: dict[str, float]) -> dict[str, float]:
-    names = ("admitted", "rejected", "finished", "aborted")
-    return {n: sum(v for k, v in m.items() if k.startswith(f"slora_requests_{n}_total{{")) for n in names}
+    """Requests admitted, and ended by outcome, summed over the clients."""
+    n = {"admitted": sum(v for k, v in m.items() if k.startswith("slora_requests_admitted_total{"))}
+    for outcome in ("rejected", "finished", "aborted"):
+        n[outcome] = sum(
+            v for k, v in m.items() if k.startswith("slora_requests_total{") and k.endswith(f'outcome="{outcome}"}}')
+        )
+    return n
 
 
 def check_accounting(srv, outcomes: list[tuple[str, str]], rate_limited: int) -> dict[str, float]:

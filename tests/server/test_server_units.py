@@ -14,9 +14,9 @@ from slora_vtc.model.sampling_params import SamplingParams
 from slora_vtc.model.spec import get_model_spec, resolve_spec
 from slora_vtc.request import Request, State
 from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
-from slora_vtc.server.protocol import ChatRequest, CompletionRequest
 from slora_vtc.server.service import EngineService, ServiceStopped
 from slora_vtc.server.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDecoder, load_tokenizer
+from slora_vtc.serving.protocol import ChatRequest, CompletionRequest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,7 +62,10 @@ def hf_folder(tmp_path_factory):
     )
     tok.train_from_iterator(["hello world, the quick brown fox"], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     save_hf_llama(folder, vocab_size=300)
     fast.save_pretrained(folder)
     return folder
@@ -195,7 +198,7 @@ def test_sse_data_never_holds_a_raw_unicode_line_break():
     escaped, the JSON still decodes to the same text."""
     import json
 
-    from slora_vtc.server.sse import sse
+    from slora_vtc.serving.sse import sse
 
     text = "a\u2028b\u2029c\u0085d\ne"
     event = sse({"choices": [{"text": text}]})

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from slora_vtc.errors import UserError
-from slora_vtc.sched import RateLimited, Scheduler, SchedulerOptions, build_scheduler
+from slora_vtc.sched import RateLimited, Scheduler, build_scheduler
+from slora_vtc.sched.registry import SchedulerOptions  # where ruff knows it as immutable (a default argument)
 
 try:
     import tomllib

@@ -7,7 +7,7 @@ is ever held; a body within it is handed on to the application whole.
 
 from fastapi.responses import JSONResponse
 
-from slora_vtc.server.errors import error_body
+from slora_vtc.serving.errors import error_body
 
 
 class BodyLimit:

@@ -27,7 +27,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 CHAT_UNSUPPORTED = {**UNSUPPORTED, "best_of": (1,), "echo": (False,)}  # completions only
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
-CHAT_DEFAULT_MAX_TOKENS = 256  # chat has no default (up to the context): the server caps what one request reserves at this, the gateway assumes it
+# chat has no default (up to the context): the server caps what one request reserves at this, the gateway assumes it
+CHAT_DEFAULT_MAX_TOKENS = 256
 MAX_SEQUENCES = 64  # prompts x best_of (or n) in one request
 
 STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool
@@ -155,7 +156,8 @@ class CompletionRequest(OpenAIParams):
             raise ValueError("'echo' with 'logprobs' is not supported by this server (it needs the prompt's logprobs)")
         if len(self.prompts) * self.sequences > MAX_SEQUENCES:
             raise ValueError(
-                f"{len(self.prompts)} prompts x {self.sequences} sequences each is more than {MAX_SEQUENCES} in one request"
+                f"{len(self.prompts)} prompts x {self.sequences} sequences each is more than {MAX_SEQUENCES} "
+                "in one request"
             )
         return self
 

@@ -1,0 +1,14 @@
+"""What every HTTP front of our schedulers shares: the server (`serve`), the gateway and the vLLM
+middleware (docs/design.md, "Serving").
+
+protocol.py    OpenAI's and S-LoRA's request bodies, checked (pydantic)
+errors.py      errors in OpenAI's shape and the handlers that answer them
+sse.py         one server-sent event's text
+connection.py  what a request's connection says: its API key, its client header, who it is from, whether it left
+clients.py     the clients file (keys, weights, RPM limits, adapters) and the scheduler it asks for
+limits.py      the request body limit (413)
+window.py      each client's service in the last minute (what the busiest are, Jain's index)
+ledger.py      per client: service, requests by outcome, idle expiry, the bounded labels of /metrics
+
+It imports nothing from server/ or gateway/, and no torch.
+"""
