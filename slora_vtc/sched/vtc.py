@@ -19,8 +19,6 @@ forgetting idle clients (vtc_forget.py). With a prefix cache, x is x_eff = uncac
 charge_cached * cached prompt tokens (charge_cached = 1, the default, is the paper's).
 """
 
-import heapq
-import itertools
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -30,6 +28,7 @@ from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
 from slora_vtc.sched import vtc_lookahead
 from slora_vtc.sched.base import Scheduler, Traits
+from slora_vtc.sched.least_counter import Client, LeastCounter
 from slora_vtc.sched.ledger import Ledger
 from slora_vtc.sched.lookahead import LookAhead
 from slora_vtc.sched.vtc_forget import IdleClients
@@ -42,15 +41,6 @@ class Lift(str, Enum):
     PAPER = "paper"  # max(own, min over waiting others), or the last client to leave if none wait
     ARTIFACT = "artifact"  # as PAPER, but no lift when no other client waits
     NONE = "none"  # LCF: an idle client keeps its low counter
-
-
-@dataclass
-class Client:
-    order: int  # registration order: ties go to the earlier client, as in the artifact
-    counter: float = 0.0
-    weight: float = 1.0
-    version: int = 0  # bumped when the counter drops, so older heap entries are ignored
-    queue: deque | None = None
 
 
 @dataclass
@@ -87,10 +77,9 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         self.records: dict[int, Record] = {}  # rid -> its charges, from first admission to its end
         self.last_left: str | None = None  # the last client whose queue emptied by admission
         self.idle = IdleClients()  # what forgotten clients leave behind (vtc_forget.py)
-        self._heap: list[tuple[float, int, int, str]] = []
+        self.by_counter = LeastCounter()  # the clients in `queued`, least counter first
         self._waiting = 0
         self._registered = 0  # clients registered so far (their orders)
-        self._stamps = itertools.count(1)  # heap-entry versions, never reused
 
     # -- the ledger -----------------------------------------------------------------------------
     def counter_of(self, client: str) -> float:
@@ -117,7 +106,7 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         c = self._client(client)
         c.counter = value
         if c.queue:
-            self._repush(client, c)
+            self.by_counter.push(client, c)
 
     def forget(self, client: str, now: float) -> bool:
         recoverable = self.lift is Lift.PAPER and not self.refunds and not self.idle.overwritten
@@ -141,7 +130,7 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
     def _add(self, c: Client, name: str, delta: float) -> float:
         c.counter += delta
         if delta < 0 and c.queue:  # a counter that fell must move up the heap
-            self._repush(name, c)
+            self.by_counter.push(name, c)
         return delta
 
     # -- the queue: lift, least counter first ------------------------------------------------------
@@ -152,7 +141,7 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
                 c.counter = max(c.counter, floor)
             c.queue.append(req)
             self.queued[req.client] = c
-            self._repush(req.client, c)
+            self.by_counter.push(req.client, c)
         else:
             c.queue.append(req)
         self._waiting += 1
@@ -170,22 +159,8 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         return self.idle.left_counter if self.last_left is None else self.clients[self.last_left].counter
 
     def least_waiting(self) -> str | None:
-        """The waiting client with the smallest counter (stale heap entries are refreshed lazily)."""
-        heap = self._heap
-        while heap:
-            counter, _, version, name = heap[0]
-            c = self.clients.get(name)
-            if c is None or version != c.version or not c.queue:
-                heapq.heappop(heap)
-            elif counter != c.counter:  # counters only grow between pushes: re-key and retry
-                heapq.heapreplace(heap, (c.counter, c.order, c.version, name))
-            else:
-                return name
-        return None
-
-    def _repush(self, name: str, c: Client) -> None:
-        c.version = next(self._stamps)
-        heapq.heappush(self._heap, (c.counter, c.order, c.version, name))
+        """The waiting client with the smallest counter."""
+        return self.by_counter.least(self.clients)
 
     def peek(self, budget: AdmissionBudget) -> Request | None:
         name = self.least_waiting()
@@ -215,7 +190,7 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         for c in self.queued.values():
             c.queue.clear()
         self.queued.clear()
-        self._heap.clear()
+        self.by_counter.clear()
         self._waiting = 0
         for req in drained:
             self._end_waiting(req)

@@ -22,7 +22,7 @@ class Preemption:
         requeue(c.queue, req)
         if len(c.queue) == 1:  # back into the heap, without a lift: it was being served
             self.queued[req.client] = c
-            self._repush(req.client, c)
+            self.by_counter.push(req.client, c)
         self._waiting += 1
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
