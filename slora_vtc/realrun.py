@@ -172,7 +172,7 @@ def _measure_hit(
     memory.admit(reqs)
     try:
         times = []
-        for n in range(repeats + 1):
+        for _ in range(repeats + 1):
             result = backend.prefill(reqs)
             if result.failed:
                 raise RuntimeError(f"the model failed while profiling the prefix hit ({cached}, {extend})")
