@@ -342,7 +342,8 @@ PRINTERS: dict[str, Callable] = {
 def print_results(results: dict) -> None:
     m = results["machine"]
     print(
-        f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]"
+        f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  "
+        f"Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]"
     )
     for name, printer in PRINTERS.items():
         if name in results:
@@ -356,7 +357,8 @@ def print_results(results: dict) -> None:
 
 
 def model_table(out: Path) -> Path:
-    """The markdown table of the model section, beside the result file (benchmarks/README.md includes cpu_model_vs_hf.md)."""
+    """The markdown table of the model section, beside the result file (benchmarks/README.md includes
+    cpu_model_vs_hf.md)."""
     return out.with_name(f"{out.stem}_model_vs_hf.md")
 
 

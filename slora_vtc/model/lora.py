@@ -68,7 +68,8 @@ def peft_adapter(model: ModelSpec, adapter: AdapterSpec, dtype=torch.float32) ->
         for n in range(model.num_layers):
             if n not in layers:
                 raise UserError(
-                    f"{path}: no lora_{ab} weight for layer {n}'s {target} (the base model has {model.num_layers} layers)"
+                    f"{path}: no lora_{ab} weight for layer {n}'s {target} "
+                    f"(the base model has {model.num_layers} layers)"
                 )
             if tuple(layers[n].shape) != shape:
                 raise UserError(
