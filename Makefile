@@ -2,6 +2,7 @@
 # missing. The simulator needs only requirements.txt; `make test` adds the real engine (torch,
 # triton), the server and Ray (sweeps). `make test-sim` runs the simulator's tests alone, without
 # torch or Ray installed (the Ray tests skip); `make test-ray` runs the sweep tests with Ray.
+# `make lint` checks the code with ruff (pinned in requirements.txt): lint rules and formatting.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ SIM := $(VENV)/.sim-installed
 REAL := $(VENV)/.real-installed
 RAY := $(VENV)/.ray-installed
 
-.PHONY: figures docs test test-sim test-ray bench clean
+.PHONY: figures docs lint test test-sim test-ray bench clean
 
 $(SIM): requirements.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,10 @@ figures: $(SIM)
 
 docs: $(SIM)
 	$(PY) -m slora_vtc docs --write
+
+lint: $(SIM)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: $(REAL) $(RAY)
 	$(PY) -m pytest -q

@@ -135,9 +135,11 @@ def main(argv=None) -> int:
         key = "sweep"
     for row in rows:
         print(
-            f"{row['replicas']:3d} replicas {row['requests']:>9,} requests {row['clients']:>6,} clients: {row['wall_s']:7.1f} s wall, {row['cpu_s']:7.1f} s CPU "
-            f"({row['simulate_s']:.1f} simulating), {row['requests_per_s']:7,.0f} req/s, peak {row['peak_rss_mb']:6,.0f} MB, "
-            f"{row['simulated_s']:,.0f} s simulated, imbalance {row['load_imbalance']:.3f}, {row['finished']:,} finished"
+            f"{row['replicas']:3d} replicas {row['requests']:>9,} requests {row['clients']:>6,} clients: "
+            f"{row['wall_s']:7.1f} s wall, {row['cpu_s']:7.1f} s CPU ({row['simulate_s']:.1f} simulating), "
+            f"{row['requests_per_s']:7,.0f} req/s, peak {row['peak_rss_mb']:6,.0f} MB, "
+            f"{row['simulated_s']:,.0f} s simulated, imbalance {row['load_imbalance']:.3f}, "
+            f"{row['finished']:,} finished"
         )
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     saved[f"{key} {args.router} {args.scheduler}"] = {

@@ -1,6 +1,7 @@
 """Decode throughput on the CPU: our engine + torch backend vs transformers' own `generate`.
 
-    .venv/bin/python benchmarks/cpu_decode.py            # batch 16, context 512, 3 repeats; writes results/cpu_decode-last.json
+    .venv/bin/python benchmarks/cpu_decode.py            # batch 16, context 512, 3 repeats;
+                                                         # writes results/cpu_decode-last.json
     .venv/bin/python benchmarks/cpu_decode.py --record   # the same, recorded in results/cpu_decode.json (make bench)
     .venv/bin/python benchmarks/cpu_decode.py --quick    # shorter, 1 repeat, not written
 

@@ -1,6 +1,7 @@
 """HTTP load: 2,000 concurrent streams from 200 clients against `slora-vtc serve --model tiny` (CPU).
 
-    .venv/bin/python benchmarks/http_load.py                  # every scenario, about 4 minutes; writes results/http_load.json
+    .venv/bin/python benchmarks/http_load.py                  # every scenario, about 4 minutes;
+                                                              # writes results/http_load.json
     .venv/bin/python benchmarks/http_load.py --only steady --runs 1 --out /tmp/x.json
 
 Each run starts the server in a subprocess (random weights), opens every stream at once (one
@@ -12,9 +13,9 @@ connection each, X-Client-Id naming its client) and accounts for every request:
 - lost: anything else (connection reset or closed, timeout, a status or body of another kind).
 
 The target is no lost request in 5 of 5 runs, steady and with the server stopped for 3 s as the
-streams open (SCENARIOS lists those and two more). Recorded per run: the counts, why requests were lost, p50 / p99 time to first
-token (first text chunk) over the finished streams, throughput (generated tokens per second of
-the run's wall time) and the kernel's listen-queue counters.
+streams open (SCENARIOS lists those and two more). Recorded per run: the counts, why requests were
+lost, p50 / p99 time to first token (first text chunk) over the finished streams, throughput
+(generated tokens per second of the run's wall time) and the kernel's listen-queue counters.
 """
 
 import argparse
@@ -304,7 +305,8 @@ def scenario(name: str, what: str, runs: int, load: Load, extra: list[str]) -> d
         r = one_run(load, extra)
         results.append(r)
         print(
-            f"{name}, run {i + 1}: finished {r['finished']}, refused {r['refused']}, aborted {r['aborted']}, lost {r['lost']} "
+            f"{name}, run {i + 1}: finished {r['finished']}, refused {r['refused']}, aborted {r['aborted']}, "
+            f"lost {r['lost']} "
             f"{r['lost_why'] or ''}| p99 TTFT {r['p99_ttft_s']} s, {r['tokens_per_s']} tokens/s, {r['wall_s']} s | "
             f"CPU s client {r['client_cpu_s']}, server {r['server_cpu_s']} | kernel {r['kernel']}",
             flush=True,
@@ -354,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for name in TARGETED:
         if name in results:
-            print(
-                f"{name}: {results[name]['runs_without_loss']} of {len(results[name]['runs'])} runs without a lost request"
-            )
+            done = results[name]
+            print(f"{name}: {done['runs_without_loss']} of {len(done['runs'])} runs without a lost request")
     print(f"target ({TARGET}): {'met' if met else 'not met'} -> {args.out}")
     return 0 if met or not checked or args.runs not in (None, 5) else 1
 

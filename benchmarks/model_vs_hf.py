@@ -171,8 +171,8 @@ def measure(grid: Grid = Grid()) -> dict:
 def markdown_table(result: dict) -> str:
     """The table benchmarks/README.md includes."""
     lines = [
-        f"Model: {result['model']} (random, float32); {result['threads']} torch thread(s); transformers {result['transformers']},"
-        f" torch {result['torch']}.",
+        f"Model: {result['model']} (random, float32); {result['threads']} torch thread(s); "
+        f"transformers {result['transformers']}, torch {result['torch']}.",
         "",
         "| batch | context | prefill tok/s ours | transformers | ratio | decode tok/s ours | transformers | ratio |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -180,8 +180,9 @@ def markdown_table(result: dict) -> str:
     for r in result["rows"]:
         o, t = r["ours"], r["transformers"]
         lines.append(
-            f"| {r['batch']} | {r['context']:,} | {o['prefill_tokens_per_s']:,.0f} | {t['prefill_tokens_per_s']:,.0f} | "
-            f"{r['prefill_ratio']:.2f} | {o['decode_tokens_per_s']:,.0f} | {t['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
+            f"| {r['batch']} | {r['context']:,} | {o['prefill_tokens_per_s']:,.0f} | "
+            f"{t['prefill_tokens_per_s']:,.0f} | {r['prefill_ratio']:.2f} | {o['decode_tokens_per_s']:,.0f} | "
+            f"{t['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import figures_time
@@ -68,7 +69,7 @@ def bench_select(s: Settings) -> list[dict]:
     for spec, clients in tqdm(cases, desc="select overhead", leave=False):
         samples = [so.select_cost(spec, clients, s.admissions) for _ in range(s.repeats)]
         ns_per_admitted = [ns for ns, _ in samples]
-        empty_ns, empty_samples = so.median_of(s.repeats, lambda: so.empty_select_cost(spec, clients, s.calls))
+        empty_ns, empty_samples = so.median_of(s.repeats, partial(so.empty_select_cost, spec, clients, s.calls))
         rows.append(
             {
                 "scheduler": spec,
@@ -86,7 +87,7 @@ def bench_select(s: Settings) -> list[dict]:
 def bench_try_add(s: Settings) -> list[dict]:
     rows = []
     for size in RUNNING_SIZES:
-        median_ns, samples = so.median_of(s.repeats, lambda: so.try_add_cost(size, s.calls))
+        median_ns, samples = so.median_of(s.repeats, partial(so.try_add_cost, size, s.calls))
         rows.append(
             {
                 "running": size,
@@ -102,7 +103,7 @@ def bench_decode(s: Settings) -> list[dict]:
     rows = []
     for spec in SCHEDULERS:
         for size in RUNNING_SIZES:
-            median_ns, samples = so.median_of(s.repeats, lambda: so.decode_step_cost(spec, size, s.calls))
+            median_ns, samples = so.median_of(s.repeats, partial(so.decode_step_cost, spec, size, s.calls))
             rows.append(
                 {"scheduler": spec, "running": size, "ns_per_running_request": median_ns, "samples_ns": samples}
             )
@@ -341,7 +342,8 @@ PRINTERS: dict[str, Callable] = {
 def print_results(results: dict) -> None:
     m = results["machine"]
     print(
-        f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]"
+        f"\n{m['date']}  {m['cpu_model']}  ({m['cpus_usable']} usable CPUs)  "
+        f"Python {m['python']}  numpy {m['numpy']}  [{results['mode']}]"
     )
     for name, printer in PRINTERS.items():
         if name in results:
@@ -355,7 +357,8 @@ def print_results(results: dict) -> None:
 
 
 def model_table(out: Path) -> Path:
-    """The markdown table of the model section, beside the result file (benchmarks/README.md includes cpu_model_vs_hf.md)."""
+    """The markdown table of the model section, beside the result file (benchmarks/README.md includes
+    cpu_model_vs_hf.md)."""
     return out.with_name(f"{out.stem}_model_vs_hf.md")
 
 

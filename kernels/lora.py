@@ -126,7 +126,8 @@ def _expand_kernel(
 
 @triton.jit
 def _segment_block(CuSeqlens, SegmentAdapters, Ranks, max_rank, BLOCK_T: tl.constexpr):
-    """For program (block, segment): (adapter, its rank, first token row, token offsets in the block, their mask, any work?)."""
+    """For program (block, segment): (adapter, its rank, first token row, token offsets in the block, their
+    mask, any work?)."""
     block = tl.program_id(0)
     segment = tl.program_id(1)
     adapter = tl.load(SegmentAdapters + segment).to(tl.int64)
@@ -342,7 +343,8 @@ def lora_shrink_segments(
     segment_adapters: torch.Tensor,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    """lora_shrink where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter segment_adapters[b] (-1: none)."""
+    """lora_shrink where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter
+    segment_adapters[b] (-1: none)."""
     x = last_dim_contiguous(x)
     width = _pool_width(k_cache)
     y = torch.zeros((x.shape[0], rows.max_rank), dtype=torch.float32, device=x.device)
@@ -388,7 +390,8 @@ def lora_expand_segments(
     out: torch.Tensor,
     max_seqlen: int | None = None,
 ) -> None:
-    """lora_expand where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter segment_adapters[b] (-1: none)."""
+    """lora_expand where request b's tokens cu_seqlens[b]:cu_seqlens[b + 1] all use adapter
+    segment_adapters[b] (-1: none)."""
     assert out.stride(-1) == 1, "out must have a contiguous last dimension (it is updated in place)"
     y = last_dim_contiguous(y)
     width = _pool_width(v_cache)

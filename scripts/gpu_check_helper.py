@@ -527,14 +527,15 @@ def text_report(summary: dict) -> str:
     ]
     for s in summary["steps"]:
         lines.append(
-            f"{s['name']:18s} {s['status']:30s} {s['seconds'] if s['seconds'] is not None else '':>7} {s['limit_s'] or '':>6}"
+            f"{s['name']:18s} {s['status']:30s} "
+            f"{s['seconds'] if s['seconds'] is not None else '':>7} {s['limit_s'] or '':>6}"
         )
     lines += ["", "results"]
     if res.get("decode_attention"):
         h = res["decode_attention"]
         lines.append(
-            f"  decode attention (kernel bench): {h['gbps']} GB/s = {h['fraction_of_peak']:.3f} of {h['peak_gbps']:.0f} GB/s "
-            f"({h['case']}); target {h['target']}: {'met' if h['target_met'] else 'NOT met'}"
+            f"  decode attention (kernel bench): {h['gbps']} GB/s = {h['fraction_of_peak']:.3f} of "
+            f"{h['peak_gbps']:.0f} GB/s ({h['case']}); target {h['target']}: {'met' if h['target_met'] else 'NOT met'}"
         )
     mb = res.get("model_bench")
     if mb:
@@ -567,7 +568,8 @@ def text_report(summary: dict) -> str:
         run = res.get(name)
         if run and "error" not in run:
             lines.append(
-                f"  {name}: {run['finished']}/{run['requests']} finished in {run['total_time_s']} s ({run['backend']}, {run['model']}); "
+                f"  {name}: {run['finished']}/{run['requests']} finished in {run['total_time_s']} s "
+                f"({run['backend']}, {run['model']}); "
                 + ", ".join(
                     f"{c}: {v['output_tokens']} tokens out, first token {v['mean_first_token_s']} s"
                     for c, v in run["clients"].items()
@@ -577,7 +579,8 @@ def text_report(summary: dict) -> str:
             lines.append(f"  {name}: unreadable ({run['error']})")
     lines += [
         "",
-        f"total {summary['total_s']} s of a {summary['budget_s']} s budget; {'all steps passed' if summary['all_passed'] else 'SOME STEPS FAILED'}"
+        f"total {summary['total_s']} s of a {summary['budget_s']} s budget; "
+        f"{'all steps passed' if summary['all_passed'] else 'SOME STEPS FAILED'}"
         + ("" if summary["final"] else " (still running)"),
         f"files: {', '.join(summary['files'])}"
         + (

@@ -104,7 +104,10 @@ def refresh_docs(paths: list[Path], write: bool = True, root: Path = REPO_ROOT) 
 def refresh_text(text: str, numbers: Numbers, where: str = "document") -> str:
     def number(m: re.Match) -> str:
         value = numbers.lookup(m["key"].strip(), f"{where}:{_line(text, m.start())}")
-        return f"<!--n:{m['key']}{'|' + m['fmt'] if m['fmt'] is not None else ''}-->{_format(value, m['fmt'], where)}<!--/n-->"
+        return (
+            f"<!--n:{m['key']}{'|' + m['fmt'] if m['fmt'] is not None else ''}-->"
+            f"{_format(value, m['fmt'], where)}<!--/n-->"
+        )
 
     def include(m: re.Match) -> str:
         path = numbers.root / m["path"].strip()

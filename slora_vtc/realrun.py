@@ -117,8 +117,8 @@ def measure_profile(
     for c, e in prefix_grid:
         if c <= 0 or e <= 0 or c + e > room:
             raise UserError(
-                f"prefix-hit point (cached {c}, extend {e}) does not fit the {room} tokens a pool of {pool_tokens} leaves"
-                " for KV (and the model's context)"
+                f"prefix-hit point (cached {c}, extend {e}) does not fit the {room} tokens a pool of "
+                f"{pool_tokens} leaves for KV (and the model's context)"
             )
     llama = build_backend(backend, model, pool_tokens, adapters, device, dtype, seed)
     llama.warmup()
@@ -143,7 +143,8 @@ def measure_profile(
 def fitting_prefix_grid(
     pool_tokens: int, model: str, adapters: AdapterTable = AdapterTable(), grid=PREFIX_GRID
 ) -> tuple[tuple[int, int], ...]:
-    """The pairs of `grid` that fit the pool (beside the adapters) and the model's context: the default grid shrinks to a small pool."""
+    """The pairs of `grid` that fit the pool (beside the adapters) and the model's context: the default
+    grid shrinks to a small pool."""
     room = _kv_room(pool_tokens, model, adapters)
     return tuple((c, e) for c, e in grid if c + e <= room)
 
@@ -172,7 +173,7 @@ def _measure_hit(
     memory.admit(reqs)
     try:
         times = []
-        for n in range(repeats + 1):
+        for _ in range(repeats + 1):
             result = backend.prefill(reqs)
             if result.failed:
                 raise RuntimeError(f"the model failed while profiling the prefix hit ({cached}, {extend})")

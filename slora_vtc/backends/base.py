@@ -41,7 +41,7 @@ class ModelBackend(ABC):
         `decodes_ahead`: a simulated backend, whose steps produce no tokens."""
         raise NotImplementedError(f"{type(self).__name__} runs one decode step at a time")
 
-    def release(self, req: Request, preempted: bool = False) -> None:
+    def release(self, req: Request, preempted: bool = False) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """The request left the running batch: forget its per-request state, except what a preempted
         request needs when it comes back (a seeded request's generator)."""
 
@@ -49,8 +49,8 @@ class ModelBackend(ABC):
         """Whether the backend can serve this LoRA adapter (a simulated one serves any name: it has no weights)."""
         return True
 
-    def load_adapter(self, name: str, slots: np.ndarray) -> None:
+    def load_adapter(self, name: str, slots: np.ndarray) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Copy an adapter's weights into the pool slots just allocated for it (MemoryManager's on_load)."""
 
-    def warmup(self) -> None:
+    def warmup(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Run every kernel once before the clock starts (a real backend compiles on first use)."""

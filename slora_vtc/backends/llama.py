@@ -8,8 +8,9 @@ preemption the tokens it generated: its next token comes from the last one) but 
 after its `cached_len` (a prefix-cache hit: `kv_slots[:cached_len]` already hold their K/V); a batch
 with any cached prefix runs the model's extend path, a batch without one the plain prefill. The
 request's row gets all its slots, cached ones included. A prompt given only as a length gets random
-ids at its first prefill, kept on the request (`prompt_ids`). A step that raises is retried request by request, so one failing request is
-reported in StepResult.failed (the engine aborts it) while the others keep being served.
+ids at its first prefill, kept on the request (`prompt_ids`). A step that raises is retried request
+by request, so one failing request is reported in StepResult.failed (the engine aborts it) while the
+others keep being served.
 """
 
 import logging

@@ -112,7 +112,8 @@ def _locality_table(numbers: dict, suites: list[str]) -> str:
     lines = ["| suite | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for s in suites:
         cells = [
-            f"{numbers[s][k]['throughput_tok_s']:,.0f} ({numbers[s][k]['throughput_tok_s'] / numbers[s]['VTC']['throughput_tok_s']:.2f}x), "
+            f"{numbers[s][k]['throughput_tok_s']:,.0f} "
+            f"({numbers[s][k]['throughput_tok_s'] / numbers[s]['VTC']['throughput_tok_s']:.2f}x), "
             f"{numbers[s][k]['cache_hit_rate']:.0%}, {numbers[s][k]['jain']:.2f}"
             for k in labels
         ]
@@ -132,8 +133,8 @@ def _suite_table(suites: list[str]) -> str:
             mine = [r for r in workload.specs if r.client == client]
             prompt, output = sum(r.prompt_len for r in mine), sum(r.output_len for r in mine)
             lines.append(
-                f"| {s} | {workload.duration:g} | {client} | {len(mine):,} | {prompt / len(mine):,.0f} | {output / len(mine):,.0f} | "
-                f"{(prompt + output) / workload.duration:,.0f} |"
+                f"| {s} | {workload.duration:g} | {client} | {len(mine):,} | {prompt / len(mine):,.0f} | "
+                f"{output / len(mine):,.0f} | {(prompt + output) / workload.duration:,.0f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -224,7 +225,8 @@ def preemption_numbers(result, duration: float, pool: int) -> dict:
 
 def _preemption_table(numbers: dict) -> str:
     lines = [
-        "| suite | admission | throughput (tokens/s) | preemptions | recomputed tokens | max service difference | 2 w_q M |",
+        "| suite | admission | throughput (tokens/s) | preemptions | recomputed tokens "
+        "| max service difference | 2 w_q M |",
         "|---|---|---|---|---|---|---|",
     ]
     for s, rows in numbers.items():

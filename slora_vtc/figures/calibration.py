@@ -55,7 +55,7 @@ def draw(results: Results, out: Path) -> dict:
         "decode_step_ms": {tb: round(1000 * t, 2) for tb, t in steps.items()},
         "decode_step_difference_pct": round(100 * (steps["a10g-2023"] / steps["a10g-2024"] - 1), 1),
     }
-    for testbed, (file, scheduler) in REFERENCES.items():
+    for testbed, (file, _scheduler) in REFERENCES.items():
         model = TESTBEDS[testbed]
         numbers[testbed] = {
             "overhead_ms": round(1000 * model.overhead_s, 2),

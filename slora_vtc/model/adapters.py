@@ -122,8 +122,8 @@ class AdapterTable:
         for a in self.adapters:
             if a.slots(spec) >= pool_tokens:
                 raise UserError(
-                    f"LoRA adapter '{a.name}' (rank {a.rank}, {len(a.targets)} modules) takes {a.slots(spec)} pool slots, "
-                    f"which does not fit a pool of {pool_tokens} tokens"
+                    f"LoRA adapter '{a.name}' (rank {a.rank}, {len(a.targets)} modules) takes {a.slots(spec)} "
+                    f"pool slots, which does not fit a pool of {pool_tokens} tokens"
                 )
 
 

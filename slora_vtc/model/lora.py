@@ -68,7 +68,8 @@ def peft_adapter(model: ModelSpec, adapter: AdapterSpec, dtype=torch.float32) ->
         for n in range(model.num_layers):
             if n not in layers:
                 raise UserError(
-                    f"{path}: no lora_{ab} weight for layer {n}'s {target} (the base model has {model.num_layers} layers)"
+                    f"{path}: no lora_{ab} weight for layer {n}'s {target} "
+                    f"(the base model has {model.num_layers} layers)"
                 )
             if tuple(layers[n].shape) != shape:
                 raise UserError(
@@ -86,17 +87,18 @@ def peft_adapter(model: ModelSpec, adapter: AdapterSpec, dtype=torch.float32) ->
     )
 
 
+def _slot_rows(mats, per_row: int, width: int) -> torch.Tensor:
+    """Per layer an [r, n] matrix, each row zero-padded to per_row slots of `width`: [layers, r * per_row, width]."""
+    return torch.stack([F.pad(m, (0, per_row * width - m.shape[1])).reshape(len(m) * per_row, width) for m in mats])
+
+
 def write_adapter(pool: KVPool, slots: torch.Tensor, weights: LoraWeights, model: ModelSpec) -> None:
     """Copy every layer's A rows into the K buffers and B columns into the V buffers of the adapter's slots."""
     width, r = model.kv_width, weights.spec.rank
     for target, (start, per_row) in weights.spec.layout(model).items():
         mine = slots[start : start + r * per_row]
         shape = (model.num_layers, len(mine), model.num_kv_heads, model.head_dim)
-
-        def rows(mats) -> torch.Tensor:  # [layers, r * per_row slots, width]
-            return torch.stack([F.pad(m, (0, per_row * width - m.shape[1])).reshape(r * per_row, width) for m in mats])
-
-        pool.k[:, mine] = rows(weights.a[target]).to(device=pool.k.device, dtype=pool.k.dtype).reshape(shape)
-        pool.v[:, mine] = (
-            rows([b.T for b in weights.b[target]]).to(device=pool.v.device, dtype=pool.v.dtype).reshape(shape)
-        )
+        a_rows = _slot_rows(weights.a[target], per_row, width)
+        pool.k[:, mine] = a_rows.to(device=pool.k.device, dtype=pool.k.dtype).reshape(shape)
+        b_rows = _slot_rows([b.T for b in weights.b[target]], per_row, width)
+        pool.v[:, mine] = b_rows.to(device=pool.v.device, dtype=pool.v.dtype).reshape(shape)

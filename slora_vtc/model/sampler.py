@@ -36,7 +36,8 @@ class BatchSampler:
         self._seen: dict[int, _Seen] = {}
 
     def sample(self, reqs: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
-        """logits [B, V], one row per request -> next token per row [B], and each row's logprobs (None where not asked)."""
+        """logits [B, V], one row per request -> next token per row [B], and each row's logprobs (None
+        where not asked)."""
         params = [r.sampling or self.default for r in reqs]
         if all(p == params[0] for p in params) and _plain(params[0]):
             return sample(logits, params[0], self.shared), [None] * len(reqs)
@@ -73,7 +74,8 @@ class BatchSampler:
         return self._generators[req.rid]
 
     def _seen_rows(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output counts and prompt membership of these requests, [B, V] each (new tensors: the caller may write them)."""
+        """Output counts and prompt membership of these requests, [B, V] each (new tensors: the caller may
+        write them)."""
         missing = [r for r in reqs if r.rid not in self._seen]
         if missing:
             output, prompt = (

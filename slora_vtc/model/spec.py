@@ -229,7 +229,8 @@ def _family(cfg: Config) -> str:
     known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
     if not known:
         raise UserError(
-            f"{cfg.path}: unsupported architecture {', '.join(map(str, architectures))} (supported: {', '.join(ARCHITECTURES)})"
+            f"{cfg.path}: unsupported architecture {', '.join(map(str, architectures))} "
+            f"(supported: {', '.join(ARCHITECTURES)})"
         )
     return known[0]
 

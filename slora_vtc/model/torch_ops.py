@@ -2,9 +2,9 @@
 
 kernels/reference.py is written to be obviously right (the tests' ground truth); on a CPU its
 Python-level op count dominates a small model's step. Here: torch's fused RMSNorm, rotary
-frequencies doubled once, and scaled_dot_product_attention (GQA without copying K/V per query head) for
-the attention ops (prefill, extend over a cached prefix, decode). LoRA uses the references as they are. tests/test_model.py checks every op
-against the reference.
+frequencies doubled once, and scaled_dot_product_attention (GQA without copying K/V per query head)
+for the attention ops (prefill, extend over a cached prefix, decode). LoRA uses the references as
+they are. tests/real/test_model.py checks every op against the reference.
 """
 
 import torch
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from slora_vtc_kernels import reference
 
 # Gathered K + V per SDPA call in decode_attention: small enough to stay in the CPU's cache and under
-# malloc's mmap threshold (a larger buffer is mapped and page-faulted afresh on every call: ~3x slower at batch 64, context 1,024).
+# malloc's mmap threshold (a larger buffer is mapped and page-faulted afresh on every call: ~3x slower
+# at batch 64, context 1,024).
 DECODE_CHUNK_BYTES = 4 << 20
 
 

@@ -41,7 +41,8 @@ class Suite:
             return self._replay(duration, trace_path)
         if trace_path is not None:
             raise UserError(
-                f"suite '{self.name}' is generated from a seed; --trace applies only to trace suites (real) and to `replay`"
+                f"suite '{self.name}' is generated from a seed; "
+                "--trace applies only to trace suites (real) and to `replay`"
             )
         return Workload(self.name, client_names(self.num_clients), duration, tuple(self.generate(duration, seed)))
 

@@ -4,22 +4,24 @@ Table 3), scaled to the paper's A10G pool of 10,000 tokens (Llama-7B; the simula
 
 Two clients each (client 0 is the misbehaving one in S1 / S2); per client, over the whole duration
 (seed 42): requests, requests/s, mean prompt, mean part of it already sent by an earlier request of
-the same client (shared), mean output; in/out are offered prompt / output tokens per second.
+the same client (shared), mean output; in/out are offered prompt / output tokens per second. Each
+client's cell reads: req, req/s, prompt, shared, out, in/s, out/s. Client 0 in S1 / S2: QA 3x rate /
+2x docs, ToT 4 branches / 10x question, judge 16 dims / +600 tokens, chat 3x convs / 6-10 turns.
 
-| suite           | dur | client 0: req, req/s, prompt, shared, out, in/s, out/s | client 1: the same                  |
-|-----------------|-----|--------------------------------------------------------|-------------------------------------|
-| prefix_qa       |  90 |  910, 10.1, 1533, 1394,  15, 15497,  152               |  899, 10.0, 1554, 1416,  15, 15519,  150 |
-| prefix_qa_s1    |  90 | 2701, 30.0, 1551, 1415,  15, 46539,  450 (3x rate)     |  915, 10.2, 1599, 1456,  15, 16256,  152 |
-| prefix_qa_s2    |  90 |  910, 10.1, 2733, 2515,  15, 27630,  152 (2x docs)     |  899, 10.0, 1554, 1416,  15, 15519,  150 |
-| prefix_tot      |  90 |  338,  3.8,  384,  321, 128,  1441,  479               |  390,  4.3,  396,  332, 130,  1716,  561 |
-| prefix_tot_s1   |  90 | 5208, 57.9,  440,  408, 128, 25437, 7405 (4 branches)  |  464,  5.2,  374,  312, 126,  1927,  648 |
-| prefix_tot_s2   |  90 |  338,  3.8, 1307, 1209, 128,  4908,  479 (10x question)|  390,  4.3,  396,  332, 130,  1716,  561 |
-| prefix_judge    | 120 |  248,  2.1, 1044,  529, 128,  2157,  264               |  242,  2.0, 1028,  515, 129,  2073,  260 |
-| prefix_judge_s1 | 120 | 1856, 15.5, 1045,  980, 128, 16155, 1980 (16 dims)     |  250,  2.1, 1046,  524, 129,  2178,  269 |
-| prefix_judge_s2 | 120 |  248,  2.1, 1644,  829, 128,  3397,  264 (+600 tokens) |  242,  2.0, 1028,  515, 129,  2073,  260 |
-| prefix_chat     | 120 |  420,  3.5,  404,  247, 148,  1415,  519               |  421,  3.5,  380,  216, 148,  1332,  518 |
-| prefix_chat_s1  | 120 | 1350, 11.2,  420,  262, 144,  4727, 1623 (3x convs)    |  451,  3.8,  371,  227, 132,  1393,  496 |
-| prefix_chat_s2  | 120 |  680,  5.7,  665,  489, 142,  3770,  805 (6-10 turns)  |  434,  3.6,  410,  254, 145,  1484,  524 |
+| suite           | dur | client 0                                 | client 1                               |
+|-----------------|-----|------------------------------------------|----------------------------------------|
+| prefix_qa       |  90 |  910, 10.1, 1533, 1394,  15, 15497,  152 | 899, 10.0, 1554, 1416,  15, 15519, 150 |
+| prefix_qa_s1    |  90 | 2701, 30.0, 1551, 1415,  15, 46539,  450 | 915, 10.2, 1599, 1456,  15, 16256, 152 |
+| prefix_qa_s2    |  90 |  910, 10.1, 2733, 2515,  15, 27630,  152 | 899, 10.0, 1554, 1416,  15, 15519, 150 |
+| prefix_tot      |  90 |  338,  3.8,  384,  321, 128,  1441,  479 | 390,  4.3,  396,  332, 130,  1716, 561 |
+| prefix_tot_s1   |  90 | 5208, 57.9,  440,  408, 128, 25437, 7405 | 464,  5.2,  374,  312, 126,  1927, 648 |
+| prefix_tot_s2   |  90 |  338,  3.8, 1307, 1209, 128,  4908,  479 | 390,  4.3,  396,  332, 130,  1716, 561 |
+| prefix_judge    | 120 |  248,  2.1, 1044,  529, 128,  2157,  264 | 242,  2.0, 1028,  515, 129,  2073, 260 |
+| prefix_judge_s1 | 120 | 1856, 15.5, 1045,  980, 128, 16155, 1980 | 250,  2.1, 1046,  524, 129,  2178, 269 |
+| prefix_judge_s2 | 120 |  248,  2.1, 1644,  829, 128,  3397,  264 | 242,  2.0, 1028,  515, 129,  2073, 260 |
+| prefix_chat     | 120 |  420,  3.5,  404,  247, 148,  1415,  519 | 421,  3.5,  380,  216, 148,  1332, 518 |
+| prefix_chat_s1  | 120 | 1350, 11.2,  420,  262, 144,  4727, 1623 | 451,  3.8,  371,  227, 132,  1393, 496 |
+| prefix_chat_s2  | 120 |  680,  5.7,  665,  489, 142,  3770,  805 | 434,  3.6,  410,  254, 145,  1484, 524 |
 
 Rates per client: QA 10 questions/s (S1 30), ToT 0.2 trees/s, judge 1 article/s, chat 1
 conversation/s (S1 3). What the simulator serves (A10G testbed, conservative admission),
@@ -240,7 +242,8 @@ def _suite(name: str, description: str, generate: Generator) -> Suite:
 
 
 def prefix_suites() -> list[Suite]:
-    """The 12 prefix suites: each workload as is, S1 (client 0 sends more requests) and S2 (client 0's prefixes are longer)."""
+    """The 12 prefix suites: each workload as is, S1 (client 0 sends more requests) and S2 (client 0's
+    prefixes are longer)."""
     qa_, tot_, judge_, chat_ = QAClient(QA_RATE), ToTClient(TOT_RATE), JudgeClient(JUDGE_RATE), ChatClient(CHAT_RATE)
     return [
         _suite(

@@ -135,7 +135,8 @@ def build_trace(
     multi_turn: bool = False,
     think_time: float = DEFAULT_THINK_TIME_S,
 ) -> tuple[list[RequestSpec], "BuildStats | MultiTurnStats"]:
-    """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations (traces/multi_turn.py)."""
+    """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations
+    (traces/multi_turn.py)."""
     wanted = requested_count(rate, duration)
     raw = load_raw(path)
     if not raw:

@@ -85,7 +85,8 @@ def build_multi_turn(
     kept = [(c, turns) for c, turns in kept if turns]
     if not kept:
         raise UserError(
-            f"{path}: no conversation turn with both lengths under {MAX_LEN} tokens ({len(convs)} conversations of {len(raw)} records)"
+            f"{path}: no conversation turn with both lengths under {MAX_LEN} tokens "
+            f"({len(convs)} conversations of {len(raw)} records)"
         )
     drawn = _draw(kept, wanted, rng)
     specs = _arrive(drawn, times, duration, rng, think_time)

@@ -75,7 +75,8 @@ def _checked(path: Path, rows: list[tuple[int | None, object]]) -> list[RequestS
         record = _record(where, row)
         if records and record.arrival < records[-1].arrival:
             raise UserError(
-                f"{where}: field 'req_time' goes back in time ({record.arrival} after {records[-1].arrival}); sort the trace by req_time"
+                f"{where}: field 'req_time' goes back in time ({record.arrival} after {records[-1].arrival}); "
+                "sort the trace by req_time"
             )
         records.append(record)
     if not records:

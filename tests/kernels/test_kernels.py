@@ -368,7 +368,8 @@ class Adapters:
         )
 
     def naive(self, x, adapter_ids, proj):
-        """(y, delta) per token in fp32 from the plain A and B: y = x @ A.T (zero past the rank), delta = scale * y @ B.T."""
+        """(y, delta) per token in fp32 from the plain A and B: y = x @ A.T (zero past the rank),
+        delta = scale * y @ B.T."""
         out_dim = self.projections[proj][1]
         y = torch.zeros(x.shape[0], max(self.rank(j, proj) for j in range(len(self.ranks))))
         delta = torch.zeros(x.shape[0], out_dim)

@@ -132,7 +132,8 @@ def test_torch_ops_match_reference():
 
 
 def test_torch_attention_over_many_requests_and_prompts_of_one_length():
-    """decode_attention in several chunks of requests (ragged and full tables); prefill of equal-length prompts in one call."""
+    """decode_attention in several chunks of requests (ragged and full tables); prefill of equal-length
+    prompts in one call."""
     ops = load_ops("torch")
     batch, width = 40, 300  # 2 x 300 x 2 KV heads x 64 x 4 bytes a request: several chunks of DECODE_CHUNK_BYTES
     cache_k, cache_v = rand(batch * width, 2, 64), rand(batch * width + 1, 2, 64)[1:]

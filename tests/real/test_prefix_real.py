@@ -121,7 +121,8 @@ class Driver:
             self.step("decode", [r for r in reqs if not r.done])
 
     def assert_matches(self, model, r) -> None:
-        """Every logits row this request got (its prefills' and decode steps') equals the model's on prompt + outputs."""
+        """Every logits row this request got (its prefills' and decode steps') equals the model's on
+        prompt + outputs."""
         expected = hf_logits(model, r.token_ids())[r.prompt_len - 1 : -1]
         torch.testing.assert_close(torch.stack(self.logits[r.rid]), expected, atol=ATOL, rtol=ATOL)
 

@@ -187,7 +187,8 @@ def test_bad_model_folder_is_a_one_line_error(capsys, hf_folder, tmp_path, case,
                 "--adapter-rank",
                 "200",
             ],
-            "LoRA adapter 'dummy-0' (rank 200, 4 modules) takes 1600 pool slots, which does not fit a pool of 1000 tokens",
+            "LoRA adapter 'dummy-0' (rank 200, 4 modules) takes 1600 pool slots, "
+            "which does not fit a pool of 1000 tokens",
         ),
         (
             [

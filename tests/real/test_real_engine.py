@@ -184,7 +184,8 @@ def test_scaled_wall_clock():
 def test_the_simulator_path_does_not_import_torch(tmp_path):
     code = (
         "import sys; from slora_vtc.cli import main; "
-        f"assert main(['run', '--suite', 'overload', '--scheduler', 'vtc', '--duration', '20', '--out', r'{tmp_path / 'r.jsonl'}']) == 0; "
+        "assert main(['run', '--suite', 'overload', '--scheduler', 'vtc', '--duration', '20', "
+        f"'--out', r'{tmp_path / 'r.jsonl'}']) == 0; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -84,7 +84,8 @@ def test_presence_and_frequency_penalties_by_hand():
 
 
 def test_the_sampler_counts_each_requests_output_as_it_grows():
-    """Greedy with a frequency penalty on fixed logits: each pick lowers that token by 0.5, so the picks go as worked by hand."""
+    """Greedy with a frequency penalty on fixed logits: each pick lowers that token by 0.5, so the picks go
+    as worked by hand."""
     sampler = BatchSampler(SamplingParams(), torch.Generator(), 4, torch.device("cpu"))
     req = Request("a", 2, 7, 0.0, rid=0, prompt_ids=[3, 3], sampling=SamplingParams(frequency_penalty=0.5))
     logits = torch.tensor([[2.25, 1.5, 0.0, 4.0]])
@@ -93,7 +94,8 @@ def test_the_sampler_counts_each_requests_output_as_it_grows():
         nxt, _ = sampler.sample([req], logits)
         req.append_token(int(nxt[0]), 0.0)
         picks.append(int(nxt[0]))
-    # token 3 goes 4.0, 3.5, 3.0, 2.5, 2.0 (the prompt's two 3s do not count); 0 (2.25) wins, then 3 (2.0 > 1.75), then 0 (1.75 > 1.5)
+    # token 3 goes 4.0, 3.5, 3.0, 2.5, 2.0 (the prompt's two 3s do not count); 0 (2.25) wins, then 3
+    # (2.0 > 1.75), then 0 (1.75 > 1.5)
     assert picks == [3, 3, 3, 3, 0, 3, 0]
     sampler.release(req)
     assert not sampler._seen

@@ -37,7 +37,10 @@ RUNNER = textwrap.dedent("""
     opened, heavy = [], {heavy!r}
     for name in heavy:
         sys.modules[name] = None  # any import of it raises ImportError
-    sys.addaudithook(lambda event, args: opened.append(os.path.abspath(args[0])) if event == "open" and isinstance(args[0], (str, bytes)) else None)
+    def record_open(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes)):
+            opened.append(os.path.abspath(args[0]))
+    sys.addaudithook(record_open)
     from slora_vtc.cli import main
     codes = [main([a.format(out={out!r}) for a in argv]) for argv in {commands!r}]
     json.dump({{"codes": codes, "opened": opened, "package": sys.modules["slora_vtc"].__file__,

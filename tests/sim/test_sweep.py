@@ -288,7 +288,10 @@ def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
 
 @pytest.mark.skipif("router" not in {f.name for f in fields(Experiment)}, reason="Experiment has no cluster fields yet")
 def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path, capsys):
-    text = '[grid]\nreplicas = [2]\nrouter = ["round-robin", "least-load"]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\nduration = 20\n'
+    text = (
+        '[grid]\nreplicas = [2]\nrouter = ["round-robin", "least-load"]\n'
+        '[fixed]\nsuite = "overload"\nscheduler = "vtc"\nduration = 20\n'
+    )
     out = tmp_path / "t.parquet"
     code, stdout, _ = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
     assert code == 0 and "2 ok" in stdout
@@ -312,7 +315,10 @@ def test_the_example_grid_checks():
 
 
 def test_a_cluster_table_sets_the_cluster_of_every_cell(tmp_path):
-    text = '[grid]\nscheduler = ["vtc", "fcfs"]\n[cluster]\nreplicas = 4\nrouter = "least-load"\n[fixed]\nsuite = "overload"\n'
+    text = (
+        '[grid]\nscheduler = ["vtc", "fcfs"]\n[cluster]\nreplicas = 4\nrouter = "least-load"\n'
+        '[fixed]\nsuite = "overload"\n'
+    )
     cells = load_grid(write(tmp_path, text))
     assert [c.settings for c in cells] == [
         {"suite": "overload", "replicas": 4, "router": "least-load", "scheduler": s} for s in ("vtc", "fcfs")

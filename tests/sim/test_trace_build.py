@@ -223,7 +223,10 @@ def test_poisson_arrivals_are_sorted_uniform_draws_after_the_sample_in_record_or
 
 def test_poisson_sample_keeps_record_order_and_depends_on_the_seed(tmp_path):
     raw = write_jsonl(tmp_path / "raw.jsonl", lmsys(12))
-    trace = lambda seed: build_trace(str(raw), 0.5, 10, approx_count, seed=seed, arrivals="auto")[0]
+
+    def trace(seed):
+        return build_trace(str(raw), 0.5, 10, approx_count, seed=seed, arrivals="auto")[0]
+
     records = trace(1)
     order = [int(r.client[1:]) for r in records]
     assert len(records) == 5 and order == sorted(order)
@@ -276,7 +279,9 @@ def test_layouts_are_detected_per_record(tmp_path):
 
 
 def test_client_field_names_the_client(tmp_path, capsys):
-    sharegpt = lambda **who: {**who, "conversations": turns(("human", 2), ("gpt", 2), role="from", text="value")}
+    def sharegpt(**who):
+        return {**who, "conversations": turns(("human", 2), ("gpt", 2), role="from", text="value")}
+
     raw = write_jsonl(tmp_path / "raw.jsonl", [sharegpt(user="alice"), sharegpt(user="bob"), sharegpt(user=7)])
     records, _ = build_trace(str(raw), 0.3, 10, approx_count, arrivals="auto", client_field="user")
     assert [r.client for r in records] == ["alice", "bob", "7"]

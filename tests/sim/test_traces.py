@@ -62,7 +62,9 @@ def test_timestamps_are_rescaled_onto_the_duration_in_order():
 
 
 def test_sampling_is_deterministic_under_a_seed():
-    build = lambda seed: build_trace(str(FIXTURE), rate=0.05, duration=600, count_tokens=approx_count, seed=seed)[0]
+    def build(seed):
+        return build_trace(str(FIXTURE), rate=0.05, duration=600, count_tokens=approx_count, seed=seed)[0]
+
     assert build(42) == build(42)
     assert build(42) != build(1)
 
