@@ -90,7 +90,8 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
 
 
 def assert_logits_match_hf(folder, model, prompts, new_tokens, pool: int = 200) -> None:
-    """A ragged batch through our engine: prefill and every decode step, each request's own logits equal transformers'."""
+    """A ragged batch through our engine: prefill and every decode step, each request's own logits
+    equal transformers'."""
     from slora_vtc.request import State
 
     backend = tiny_backend(str(folder))

@@ -1,4 +1,5 @@
-"""The admission check every scheduler shares (docs/design.md, "The memory pool and the admission check"), against hand-computed cases."""
+"""The admission check every scheduler shares (docs/design.md, "The memory pool and the admission
+check"), against hand-computed cases."""
 
 from itertools import accumulate
 
