@@ -152,7 +152,7 @@ def test_decode_run_times_steps_as_single_steps_and_the_clock_add_them(n, genera
     until = start + until_offset / 1000
     done, end = backend.decode_run(reqs, steps, start, until)
     clock = VirtualClock(start)
-    for _ in range(steps):
+    for k in range(steps):  # noqa: B007 (k, after the loop, is the last step taken)
         clock.advance(backend.decode(reqs).elapsed)
         for r in reqs:
             r.generated += 1
