@@ -9,9 +9,10 @@ from tqdm import tqdm
 
 from slora_vtc.data import data_file
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results
 from slora_vtc.figures.registry import FIGURES, register_figure
+from slora_vtc.runner import run_experiment
 
 __all__ = ["FIGURES", "register_figure", "render_figures"]
 NUMBERS_FILE = "numbers.json"
