@@ -198,6 +198,8 @@ def setting_type(name: str):
 
 @dataclass(frozen=True)
 class Experiment:
+    """One run's description, in five parts (see the module's docstring); equal settings, equal experiments."""
+
     workload: WorkloadSetup
     scheduling: SchedulingSetup
     memory: MemorySetup = MemorySetup()

@@ -29,7 +29,7 @@ def run_all(experiments: list[Experiment], jobs: int) -> Results:
     """Run each distinct experiment once, in worker processes when jobs > 1."""
     unique = list(dict.fromkeys(experiments))
     # longest first, so that the last worker does not start a long run alone
-    unique.sort(key=lambda e: -len(e.workload().specs))
+    unique.sort(key=lambda e: -len(e.workload.build().specs))
     bar = tqdm(total=len(unique), desc="experiments", unit="run")
     if jobs <= 1:
         results = {}

@@ -47,7 +47,7 @@ def _weighted() -> Figure:
         service_rate_panel(axes[1], results[weighted], suite.duration, "weighted VTC, weights 1:2:3:4")
         fig.suptitle(f"{suite.description} (paper Fig 16)")
         save(fig, out / "weighted.png")
-        weights = scheduler_weights(weighted.scheduler, list(SUITES[suite.name].workload().clients))
+        weights = scheduler_weights(weighted.scheduling.scheduler, list(SUITES[suite.name].workload().clients))
         numbers = {
             "vtc": run_numbers(results[plain], suite.duration),
             "wvtc": run_numbers(results[weighted], suite.duration, weights=weights),

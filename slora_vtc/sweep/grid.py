@@ -111,7 +111,9 @@ def _coerce(value, kind):
         if not isinstance(value, list):
             raise TypeError
         return tuple(_coerce(v, typing.get_args(kind)[0]) for v in value)
-    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError
         return float(value)
     if kind in (bool, int, str) and type(value) is not kind:
         raise TypeError

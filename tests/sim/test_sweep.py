@@ -188,6 +188,8 @@ FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
         ('[grid]\nscheduler = ["vtc"]\nseed = [1.5]' + FIXED, "grid.seed = 1.5 is not an integer"),
         ('[grid]\nscheduler = ["vtc"]\nprefix_cache = [1]' + FIXED, "grid.prefix_cache = 1 is not true or false"),
         ('[grid]\nscheduler = ["vtc"]\npool_tokens = [true]' + FIXED, "grid.pool_tokens = True is not an integer"),
+        ('[grid]\nscheduler = ["vtc"]\nhorizon = ["x"]' + FIXED, "grid.horizon = 'x' is not a number"),
+        ('[grid]\nscheduler = ["vtc"]\ncharge_cached = [false]' + FIXED, "grid.charge_cached = False is not a number"),
         ('[grid]\nscheduler = ["vtc", "nope"]' + FIXED, "cell scheduler=nope: unknown scheduler 'nope'"),
         (
             '[grid]\nscheduler = ["vtc"]\nsuite = ["overlord"]\n',
