@@ -1,7 +1,7 @@
-"""A grid file: `[grid]` maps Experiment settings (its flat keys) to lists of values, `[fixed]` (optional) sets fields
-shared by every cell, and `[cluster]` (optional) the cluster's shared settings (replicas, router,
-routers, router_sync, ...: a [fixed] table of cluster settings only); the cells are the product of
-the lists, in the file's order."""
+"""A grid file: `[grid]` maps Experiment settings (its flat keys, slora_vtc.experiment.KEYS) to lists of
+values, `[fixed]` (optional) sets settings shared by every cell, and `[cluster]` (optional) the
+cluster's shared settings (replicas, router, routers, router_sync, ...: a [fixed] table of cluster
+settings only); the cells are the product of the lists, in the file's order."""
 
 import itertools
 import types
