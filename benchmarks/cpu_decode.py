@@ -34,10 +34,9 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from slora_vtc.backends.llama import build_backend  # noqa: E402
+from slora_vtc.builder import build_engine  # noqa: E402
 from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
-from slora_vtc.engine import Engine  # noqa: E402
-from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
 from slora_vtc.model.spec import get_model_spec  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched import build_scheduler  # noqa: E402
@@ -70,10 +69,9 @@ def ours(folder: Path, prompts: torch.Tensor, new_tokens: int) -> float:
     batch, prompt_len = prompts.shape
     pool = batch * (prompt_len + new_tokens) + 1
     backend = build_backend("torch", str(folder), pool_tokens=pool)
-    backend.warmup()
     prefill_sizes = count_prefills(backend)
     config = EngineConfig(pool_tokens=pool, lora_rank=0, batch_max_tokens_override=batch * prompt_len)
-    engine = Engine(config, build_scheduler("fcfs", ["c"]), backend, VirtualClock(), MemoryManager(TokenPool(pool), 0))
+    engine = build_engine(config, build_scheduler("fcfs", ["c"]), backend, VirtualClock())  # warmed up
     requests = [Request("c", prompt_len, new_tokens, 0.0, prompt_ids=p.tolist()) for p in prompts]
     start = time.perf_counter()
     engine.run(requests)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.results import RunResult
+from slora_vtc.runner import run_experiment
 from slora_vtc.suites import SUITES
 
 RUNS = (
@@ -59,7 +60,7 @@ def measure_sim_speed(repeats: int, progress: bool = True) -> list[dict]:
         total=len(RUNS) * (repeats + 1), desc="simulator speed", unit="run", disable=not progress, leave=False
     ) as bar:
         for suite, scheduler in RUNS:
-            exp = Experiment(suite=suite, scheduler=scheduler)
+            exp = Experiment.of(suite=suite, scheduler=scheduler)
             samples = []
             for _ in range(repeats):
                 wall_s, result = timed_run(exp)
@@ -130,7 +131,7 @@ def check_macro_steps(progress: bool = True) -> dict:
     """Each case with macro-steps and with single steps: the result files must be byte for byte equal."""
     rows = []
     for case in tqdm(check_cases(), desc="macro-steps vs single steps", unit="run", disable=not progress, leave=False):
-        exp = Experiment(**case)
+        exp = Experiment.of(**case)
         macro_s, macro = timed_run(exp)
         single_s, single = timed_run(exp, macro_steps=False)
         rows.append(

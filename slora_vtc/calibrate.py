@@ -19,8 +19,8 @@ from slora_vtc.backends.sim import SimBackend, StepTimeModel
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import LinearCost
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import serve_requests
 from slora_vtc.results import RunResult, read_results
+from slora_vtc.runner import serve_requests
 from slora_vtc.sched import build_scheduler
 from slora_vtc.workload import workload_from_result
 

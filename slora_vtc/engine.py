@@ -22,7 +22,7 @@ from slora_vtc.clock import Clock, VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
 from slora_vtc.macro_step import alike_steps
-from slora_vtc.memory import Budget, MemoryManager, TokenPool, fits_alone
+from slora_vtc.memory import Budget, MemoryManager, fits_alone
 from slora_vtc.request import Request, State
 from slora_vtc.sched.base import Scheduler
 
@@ -36,14 +36,14 @@ class Engine:
         scheduler: Scheduler,
         backend: ModelBackend,
         clock: Clock,
-        memory: MemoryManager | None = None,
+        memory: MemoryManager,
         on_end: EndHook | None = None,
     ):
         self.config = config
         self.scheduler = scheduler
         self.backend = backend
         self.clock = clock
-        self.memory = memory or MemoryManager(TokenPool(config.pool_tokens), config.slots_of, cache=config.prefix_cache)
+        self.memory = memory
         self.on_end = on_end
         if config.admission == "optimistic" and not scheduler.traits.preemption:
             raise UserError(

@@ -6,9 +6,9 @@ prefix). Imported lazily: it imports torch.
 from tqdm import tqdm
 
 from slora_vtc.backends.llama import LlamaBackend, build_backend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.model.adapters import AdapterTable
@@ -66,8 +66,7 @@ def generate(
         batch_max_tokens_override=max(sum(map(len, prompts)), 1),
         adapter_sizes=adapters.sizes(spec),
     )
-    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=llama.load_adapter)
-    engine = Engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock(), memory)
+    engine = build_engine(config, build_scheduler("fcfs", ["generate"]), llama, VirtualClock())  # times nothing
     stop = () if ignore_eos else spec.eos_token_ids
     requests = [
         Request("generate", len(ids), max_new_tokens, 0.0, prompt_ids=list(ids), stop_tokens=stop, adapter=use_lora)

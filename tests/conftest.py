@@ -9,6 +9,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from slora_vtc.backends.base import ModelBackend, StepResult  # noqa: E402
+from slora_vtc.builder import build_engine  # noqa: E402
 from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
 from slora_vtc.data import A10G_PROFILE, REAL_TRACE, data_file, measured_run  # noqa: E402
@@ -60,7 +61,7 @@ def make_engine(scheduler, backend: ModelBackend | None = None, **cfg) -> Engine
     backend = backend or FixedBackend(clock=clock)
     if isinstance(backend, FixedBackend) and backend.clock is None:
         backend.clock = clock
-    return Engine(config(**cfg), scheduler, backend, clock)
+    return build_engine(config(**cfg), scheduler, backend, clock)
 
 
 def assert_clean(engine: Engine, requests: list[Request]) -> None:

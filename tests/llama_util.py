@@ -9,10 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from slora_vtc.backends.llama import LlamaBackend, build_backend  # noqa: E402
+from slora_vtc.builder import build_engine  # noqa: E402
 from slora_vtc.clock import VirtualClock  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
-from slora_vtc.memory import MemoryManager, TokenPool  # noqa: E402
 from slora_vtc.model.adapters import AdapterTable, adapter_table  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched import build_scheduler  # noqa: E402
@@ -51,8 +51,7 @@ def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clien
         adapter_sizes=backend.adapters.sizes(backend.spec),
         **config,
     )
-    memory = MemoryManager(TokenPool(pool), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache)
-    return Engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock(), memory)
+    return build_engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock())
 
 
 def tiny_backend(model: str = "tiny", pool: int = 2000, adapters: AdapterTable = AdapterTable(), **kw) -> LlamaBackend:

@@ -1,4 +1,5 @@
-"""`slora-vtc`: run | compare | replay | sweep | plot-sweep | figures | docs | list | calibrate | trace | generate | profile | serve | bench-http | gateway.
+"""`slora-vtc`: run | compare | replay | sweep | plot-sweep | figures | docs | list | calibrate | trace | generate |
+profile | serve | bench-http | gateway.
 
 Each command group lives in its own module with an `add_parsers(sub)`; `main` turns every
 UserError into one line on stderr and exit status 2.
@@ -29,13 +30,14 @@ REAL_ENGINE_PACKAGES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slora-vtc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="slora-vtc", description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument(
         "--plugin",
         action="append",
         default=[],
         metavar="FILE_OR_MODULE",
-        help=f"import a plugin that registers schedulers, backends, suites or figures (repeatable; also ${PLUGINS_ENV})",
+        help="import a plugin that registers schedulers, backends, suites or figures "
+        f"(repeatable; also ${PLUGINS_ENV})",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:

@@ -53,21 +53,23 @@ def cmd_calibrate(args) -> int:
     if args.testbed:
         testbed = load_testbed(args.testbed)
         print(
-            f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, cold start {testbed.cold_start_s:.2f} s (not refitted)"
+            f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
+            f"cold start {testbed.cold_start_s:.2f} s (not refitted)"
         )
     else:
         testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), runs[0], schedulers[0])
         print(
-            f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
-            f"cold start {testbed.cold_start_s:.2f} s"
+            f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms "
+            f"per forward pass, cold start {testbed.cold_start_s:.2f} s"
         )
     for path, run, scheduler in zip(measured, runs, schedulers):
         c = compare(testbed, run, scheduler)
         worst = max(c.ttft_errors().items(), key=lambda kv: abs(kv[1]), default=("-", 0.0))
         share = max((abs(m - s) for m, s in c.share.values()), default=0.0)
         print(
-            f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, simulated {c.throughput[1]:.1f} tokens/s "
-            f"({c.throughput_error:+.1%}); service shares within {100 * share:.2f} points; worst per-client mean TTFT "
+            f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, "
+            f"simulated {c.throughput[1]:.1f} tokens/s ({c.throughput_error:+.1%}); "
+            f"service shares within {100 * share:.2f} points; worst per-client mean TTFT "
             f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)"
         )
     if args.out:

@@ -1,7 +1,6 @@
 """`run`, `compare`, `replay` and `list`: experiments on the simulator or a real backend."""
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 
 from slora_vtc.backends.registry import BACKENDS
@@ -10,10 +9,11 @@ from slora_vtc.cli.report import summary_table
 from slora_vtc.cluster import ROUTERS, build_router
 from slora_vtc.config import ADMISSIONS
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import COSTS, Experiment, run_experiment
+from slora_vtc.experiment import COSTS, Experiment, default_settings
 from slora_vtc.memory import fits_alone
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.results import RunResult, write_results
+from slora_vtc.runner import router_options, run_experiment
 from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler, split_specs
 from slora_vtc.suites import SUITES, get_suite
 
@@ -52,7 +52,8 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument(
         "--testbed",
         default=DEFAULT_TESTBED,
-        help=f"the simulator's testbed: {', '.join(TESTBEDS)} (default {DEFAULT_TESTBED}), or a file from `slora-vtc calibrate --out`",
+        help=f"the simulator's testbed: {', '.join(TESTBEDS)} (default {DEFAULT_TESTBED}), "
+        "or a file from `slora-vtc calibrate --out`",
     )
     p.add_argument(
         "--jitter-ms",
@@ -64,7 +65,8 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
         "--added-tokens",
         type=int,
         default=1,
-        help="tokens the serving path adds to every prompt (default 1: the artifact's server puts a BOS before the client's text)",
+        help="tokens the serving path adds to every prompt "
+        "(default 1: the artifact's server puts a BOS before the client's text)",
     )
     p.add_argument(
         "--lift",
@@ -82,8 +84,8 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
         "--adapters",
         dest="adapters",
         type=int,
-        help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N (default: one per client on the simulator, "
-        "none on a real backend; 0: none)",
+        help="N dummy LoRA adapters (dummy-0 ..), client i using adapter i mod N "
+        "(default: one per client on the simulator, none on a real backend; 0: none)",
     )
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
     add_memory_args(p)
@@ -105,20 +107,22 @@ def add_memory_args(p) -> None:
         "--prefix-cache",
         choices=["on", "off"],
         default="off",
-        help="share the K/V of common prompt prefixes through a radix tree in the pool (default off: the paper's engine)",
+        help="share the K/V of common prompt prefixes through a radix tree in the pool "
+        "(default off: the paper's engine)",
     )
     p.add_argument(
         "--admission",
         choices=list(ADMISSIONS),
         default="conservative",
-        help="conservative: reserve each request's worst case (S-LoRA, the paper); optimistic: admit while slots are free "
-        "and preempt by recompute when a decode step runs short (vLLM)",
+        help="conservative: reserve each request's worst case (S-LoRA, the paper); "
+        "optimistic: admit while slots are free and preempt by recompute when a decode step runs short (vLLM)",
     )
     p.add_argument(
         "--charge-cached",
         type=float,
         default=1.0,
-        help="VTC: weight of a cached prompt token in its counter, in [0, 1] (default 1: the paper's VTC; 0: extend tokens only)",
+        help="VTC: weight of a cached prompt token in its counter, in [0, 1] "
+        "(default 1: the paper's VTC; 0: extend tokens only)",
     )
     p.add_argument(
         "--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes"
@@ -154,7 +158,8 @@ def add_cluster_args(p) -> None:
         "--ingress-skew",
         type=float,
         default=0.0,
-        help="share of a client's requests entering by its home router, the rest in turn (default 0; 1: each client by one router)",
+        help="share of a client's requests entering by its home router, the rest in turn "
+        "(default 0; 1: each client by one router)",
     )
     c.add_argument(
         "--replica-pool-tokens",
@@ -188,7 +193,8 @@ def add_model_args(p, backend: bool = False) -> None:
         p.add_argument("--backend", default="torch", choices=[b for b, e in BACKENDS.items() if e.runs_model])
     p.add_argument(
         "--model",
-        help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder (default: the backend's)",
+        help="tiny | llama-7b | llama-2-7b | llama-13b (dummy weights) or a Hugging Face folder "
+        "(default: the backend's)",
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cpu for torch, cuda for triton)")
     p.add_argument(
@@ -219,7 +225,7 @@ def add_adapter_args(p) -> None:
 
 
 def experiment(args, scheduler: str) -> Experiment:
-    exp = Experiment(
+    exp = Experiment.of(
         suite=args.suite,
         scheduler=scheduler,
         pool_tokens=args.pool_tokens,
@@ -247,13 +253,13 @@ def experiment(args, scheduler: str) -> Experiment:
         admission=args.admission,
         charge_cached=args.charge_cached,
         charge_recompute=args.charge_recompute,
-        **cluster_fields(args),
+        **cluster_settings(args),
     )
     check(exp)
     return exp
 
 
-def cluster_fields(args) -> dict:
+def cluster_settings(args) -> dict:
     return dict(
         replicas=args.replicas,
         router=args.router,
@@ -266,46 +272,54 @@ def cluster_fields(args) -> dict:
 
 
 def check_cluster(exp: Experiment) -> None:
-    if exp.replicas < 1:
-        raise UserError(f"--replicas must be at least 1, got {exp.replicas}")
-    if exp.routers < 1:
-        raise UserError(f"--routers must be at least 1, got {exp.routers}")
-    if exp.router_sync is not None and not exp.router_sync >= 0:
-        raise UserError(f"--router-sync must not be negative, got {exp.router_sync}")
-    if not 0 <= exp.ingress_skew <= 1:
-        raise UserError(f"--ingress-skew must be in [0, 1], got {exp.ingress_skew}")
-    if any(p <= 0 for p in exp.replica_pool_tokens):
+    cluster = exp.cluster
+    if cluster.replicas < 1:
+        raise UserError(f"--replicas must be at least 1, got {cluster.replicas}")
+    if cluster.routers < 1:
+        raise UserError(f"--routers must be at least 1, got {cluster.routers}")
+    if cluster.router_sync is not None and not cluster.router_sync >= 0:
+        raise UserError(f"--router-sync must not be negative, got {cluster.router_sync}")
+    if not 0 <= cluster.ingress_skew <= 1:
+        raise UserError(f"--ingress-skew must be in [0, 1], got {cluster.ingress_skew}")
+    if any(p <= 0 for p in cluster.pool_tokens):
         raise UserError("--replica-pool-tokens: every pool must be positive")
-    build_router(exp.router, exp.router_options(exp.workload()))
-    if exp.clustered and exp.real_backend:
+    build_router(cluster.router, router_options(exp, exp.workload.build()))
+    if cluster.clustered and exp.backend.real:
         raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
-    for testbed in exp.replica_testbeds:
+    for testbed in cluster.testbeds:
         load_testbed(testbed)
 
 
 def check(exp: Experiment) -> None:
     """Fail early, in one line, on input that could only fail deep inside a run."""
-    get_suite(exp.suite)
+    suite = exp.workload.suite
+    get_suite(suite)
     check_cluster(exp)
-    if exp.load_scale < 1:
-        raise UserError(f"--load-scale must be at least 1, got {exp.load_scale}")
-    if exp.horizon is not None and not exp.horizon > 0:
-        raise UserError(f"--horizon must be positive, got {exp.horizon}")
-    if exp.pool_tokens is not None and exp.pool_tokens <= 0:
-        raise UserError(f"--pool-tokens must be positive, got {exp.pool_tokens}")
+    _check_workload(exp)
+    if exp.memory.pool_tokens is not None and exp.memory.pool_tokens <= 0:
+        raise UserError(f"--pool-tokens must be positive, got {exp.memory.pool_tokens}")
     _check_real_options(exp)
-    if not exp.real_backend:
-        load_testbed(exp.testbed)
-    workload = exp.workload()
-    scheduler = build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options())
+    if not exp.backend.real:
+        load_testbed(exp.backend.testbed)
+    workload = exp.workload.build()
+    scheduler = build_scheduler(exp.scheduling.scheduler, list(workload.clients), exp.scheduler_options())
     requests, config = exp.requests(workload), max(exp.replica_configs(), key=lambda c: c.pool_tokens)
     if requests and not any(fits_alone(r, config) for r in requests):
         smallest = min(r.prompt_len + r.max_new_tokens for r in requests)
         raise UserError(
-            f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{exp.suite}' (the smallest needs {smallest} tokens plus adapter slots)"
+            f"a pool of {config.pool_tokens} tokens cannot hold a single request of suite '{suite}' "
+            f"(the smallest needs {smallest} tokens plus adapter slots)"
         )
     if config.admission == "optimistic":
         _check_optimistic(exp, requests, config, scheduler.traits.preemption)
+
+
+def _check_workload(exp: Experiment) -> None:
+    workload = exp.workload
+    if workload.load_scale < 1:
+        raise UserError(f"--load-scale must be at least 1, got {workload.load_scale}")
+    if workload.horizon is not None and not workload.horizon > 0:
+        raise UserError(f"--horizon must be positive, got {workload.horizon}")
 
 
 def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> None:
@@ -314,44 +328,49 @@ def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> N
     if too_big:
         r = max(too_big, key=lambda r: r.prompt_len + r.max_new_tokens)
         raise UserError(
-            f"--admission optimistic: a pool of {config.pool_tokens} tokens is too small for one request of suite '{exp.suite}' "
-            f"({len(too_big)} cannot fit alone; the largest needs {r.prompt_len + r.max_new_tokens} tokens plus adapter slots)"
+            f"--admission optimistic: a pool of {config.pool_tokens} tokens is too small for one request of suite "
+            f"'{exp.workload.suite}' ({len(too_big)} cannot fit alone; the largest needs "
+            f"{r.prompt_len + r.max_new_tokens} tokens plus adapter slots)"
         )
     if not preemptible:
-        raise UserError(f"--admission optimistic: scheduler '{exp.scheduler}' cannot take preempted requests back")
+        raise UserError(
+            f"--admission optimistic: scheduler '{exp.scheduling.scheduler}' cannot take preempted requests back"
+        )
 
 
 def _check_real_options(exp: Experiment) -> None:
-    if not exp.real_backend and (exp.model or exp.device or exp.dtype or exp.time_scale != 1.0):
+    backend, workload, memory = exp.backend, exp.workload, exp.memory
+    if not backend.real and (backend.model or backend.device or backend.dtype or backend.time_scale != 1.0):
         raise UserError(
             "--model, --device, --dtype and --time-scale apply to the real backends (--backend torch or triton)"
         )
-    if exp.real_backend and exp.testbed != DEFAULT_TESTBED:
+    if backend.real and backend.testbed != DEFAULT_TESTBED:
         raise UserError("--testbed applies to the simulator (--backend sim); a real backend measures its own steps")
-    if exp.added_tokens < 0:
-        raise UserError(f"--added-tokens must not be negative, got {exp.added_tokens}")
-    if not exp.jitter_ms >= 0:
-        raise UserError(f"--jitter-ms must not be negative, got {exp.jitter_ms}")
-    if exp.adapters is not None and exp.adapters < 0 or exp.adapter_rank <= 0:
+    if workload.added_tokens < 0:
+        raise UserError(f"--added-tokens must not be negative, got {workload.added_tokens}")
+    if not workload.jitter_ms >= 0:
+        raise UserError(f"--jitter-ms must not be negative, got {workload.jitter_ms}")
+    if memory.adapters is not None and memory.adapters < 0 or memory.adapter_rank <= 0:
         raise UserError("--dummy-adapters must not be negative and --adapter-rank must be positive")
-    if exp.time_scale <= 0:
-        raise UserError(f"--time-scale must be positive, got {exp.time_scale}")
+    if backend.time_scale <= 0:
+        raise UserError(f"--time-scale must be positive, got {backend.time_scale}")
     config = exp.engine_config()  # on a real backend this reads the model spec and the adapters: bad ones fail here
-    if exp.real_backend:  # before the check below, whose message would not name the adapter
-        exp.adapter_table.check_fits(resolve_spec(exp.model_name), config.pool_tokens)
-    elif exp.adapters != 0 and config.adapter_slots >= config.pool_tokens:
+    if backend.real:  # before the check below, whose message would not name the adapter
+        exp.adapter_table.check_fits(resolve_spec(backend.model_name), config.pool_tokens)
+    elif memory.adapters != 0 and config.adapter_slots >= config.pool_tokens:
         raise UserError(
-            f"an adapter of rank {exp.adapter_rank} takes {config.adapter_slots} pool slots, which does not fit a pool of {config.pool_tokens} tokens"
+            f"an adapter of rank {memory.adapter_rank} takes {config.adapter_slots} pool slots, "
+            f"which does not fit a pool of {config.pool_tokens} tokens"
         )
 
 
 def result_name(exp: Experiment) -> str:
     """A result file name that says what differs from the defaults, so that runs do not collide."""
-    defaults = {f.name: f.default for f in fields(Experiment) if f.name not in ("suite", "scheduler")}
-    workload = f"replay-{Path(exp.trace).stem}" if exp.trace else exp.suite
-    parts = [workload, exp.scheduler.replace(":", "-").replace(",", "_")]
+    settings, defaults = exp.flat(), default_settings()
+    workload = f"replay-{Path(exp.workload.trace).stem}" if exp.workload.trace else exp.workload.suite
+    parts = [workload, exp.scheduling.scheduler.replace(":", "-").replace(",", "_")]
     for name, default in defaults.items():
-        value = getattr(exp, name)
+        value = settings[name]
         if value == default or name == "trace":
             continue
         if name == "profile":
@@ -381,7 +400,8 @@ def cmd_replay(args) -> int:
     path = Path(args.trace_file)
     if path.is_dir():
         raise UserError(
-            f"{path}: is a directory; replay takes a trace file (JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl)"
+            f"{path}: is a directory; replay takes a trace file "
+            "(JSONL, CSV, parquet, the paper's JSON or the artifact's .pkl)"
         )
     args.suite, args.trace = "real", args.trace_file
     return cmd_run(args)
@@ -431,7 +451,8 @@ def add_parsers(sub) -> None:
         required=True,
         nargs="+",
         metavar="SPEC",
-        help="scheduler specs separated by spaces (vtc fcfs wvtc:1,2,3,4), or by commas where no spec has one (vtc,fcfs,lcf)",
+        help="scheduler specs separated by spaces (vtc fcfs wvtc:1,2,3,4), "
+        "or by commas where no spec has one (vtc,fcfs,lcf)",
     )
     compare.add_argument("--out", help="also write the runs to this result file (one line per scheduler)")
     compare.set_defaults(func=cmd_compare)

@@ -50,13 +50,15 @@ def add_parsers(sub) -> None:
     gw.add_argument(
         "--max-inflight",
         type=int,
-        help="requests in flight per upstream, fixed (default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)",
+        help="requests in flight per upstream, fixed "
+        "(default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)",
     )
     gw.add_argument(
         "--max-waiting",
         type=int,
         default=2048,
-        help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)",
+        help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 "
+        "with Retry-After, and everyone at twice this (default 2048)",
     )
     gw.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to an upstream (default 5)")
     gw.add_argument(

@@ -88,15 +88,16 @@ def cmd_profile(args) -> int:
         print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
     elif not args.no_prefix_hits:
         print(
-            f"prefix hits: none of {', '.join(f'{c}+{e}' for c, e in PREFIX_GRID)} fits a pool of {args.pool_tokens} tokens"
-            " (--cached-lens, --extend-lens)"
+            f"prefix hits: none of {', '.join(f'{c}+{e}' for c, e in PREFIX_GRID)} "
+            f"fits a pool of {args.pool_tokens} tokens (--cached-lens, --extend-lens)"
         )
     print(f"wrote {args.out}")
     return 0
 
 
 def _prefix_grid(args, model: str) -> tuple[tuple[int, int], ...]:
-    """--cached-lens x --extend-lens as given (measure_profile refuses what does not fit), or the default grid's pairs that fit."""
+    """--cached-lens x --extend-lens as given (measure_profile refuses what does not fit), or the default grid's
+    pairs that fit."""
     from slora_vtc.realrun import PREFIX_GRID, fitting_prefix_grid
 
     if args.no_prefix_hits:

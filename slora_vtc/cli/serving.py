@@ -100,7 +100,8 @@ def add_parsers(sub) -> None:
         "--max-waiting",
         type=int,
         default=2048,
-        help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 with Retry-After, and everyone at twice this (default 2048)",
+        help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 "
+        "with Retry-After, and everyone at twice this (default 2048)",
     )
     srv.add_argument(
         "--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)"

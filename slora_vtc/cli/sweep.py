@@ -132,7 +132,8 @@ def add_parsers(sub) -> None:
     )
     sweep.add_argument(
         "grid",
-        help="grid file: [grid] maps settings (suite, scheduler, seed, duration, ...) to lists; [fixed] sets shared ones",
+        help="grid file: [grid] maps settings (suite, scheduler, seed, duration, ...) to lists; "
+        "[fixed] sets shared ones",
     )
     sweep.add_argument("--out", help="the table (default: results/GRID.parquet); a rerun skips the cells it has as ok")
     sweep.add_argument(

@@ -31,20 +31,26 @@ def multi_turn_line(stats, args) -> str:
         f"first turns over {args.duration:g} s, later ones {args.think_time:g} s apart"
     )
     if stats.sampled < stats.wanted:
-        sampled = f"asked for {stats.wanted} (rate {args.rate:g} x duration {args.duration:g} s), only {stats.sampled} qualify: {sampled}"
+        sampled = (
+            f"asked for {stats.wanted} (rate {args.rate:g} x duration {args.duration:g} s), "
+            f"only {stats.sampled} qualify: {sampled}"
+        )
     return (
-        f"{stats.records} records, {stats.conversations} conversations with {stats.turns} turns, {stats.too_long} turns dropped "
-        f"(a length of 0 or >= 1024), {sampled} -> {args.out}"
+        f"{stats.records} records, {stats.conversations} conversations with {stats.turns} turns, "
+        f"{stats.too_long} turns dropped (a length of 0 or >= 1024), {sampled} -> {args.out}"
     )
 
 
 def summary_line(stats, args) -> str:
     sampled = f"{stats.sampled} requests from {stats.clients} clients sampled over {args.duration:g} s"
     if stats.sampled < stats.wanted:
-        sampled = f"asked for {stats.wanted} (rate {args.rate:g} x duration {args.duration:g} s), only {stats.sampled} qualify: {sampled}"
+        sampled = (
+            f"asked for {stats.wanted} (rate {args.rate:g} x duration {args.duration:g} s), "
+            f"only {stats.sampled} qualify: {sampled}"
+        )
     return (
-        f"{stats.records} records, {stats.single_turn} single-turn chats, {stats.too_long} dropped (a length of 0 or >= 1024), "
-        f"{sampled} -> {args.out}"
+        f"{stats.records} records, {stats.single_turn} single-turn chats, "
+        f"{stats.too_long} dropped (a length of 0 or >= 1024), {sampled} -> {args.out}"
     )
 
 

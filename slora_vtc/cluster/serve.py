@@ -5,22 +5,18 @@ from collections.abc import Callable
 from tqdm import tqdm
 
 from slora_vtc.backends.base import ModelBackend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.cluster.cluster import Cluster, StepHook
 from slora_vtc.cluster.router import NewScheduler, Router
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
-from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
 
 
 def replica_engine(config: EngineConfig, backend: ModelBackend, scheduler: Scheduler) -> Engine:
-    backend.warmup()
-    memory = MemoryManager(
-        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
-    )
-    return Engine(config, scheduler, backend, VirtualClock(), memory)
+    return build_engine(config, scheduler, backend, VirtualClock())
 
 
 def build_cluster(

@@ -9,9 +9,10 @@ from tqdm import tqdm
 
 from slora_vtc.data import data_file
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.figures.base import Figure, Results
 from slora_vtc.figures.registry import FIGURES, register_figure
+from slora_vtc.runner import run_experiment
 
 __all__ = ["FIGURES", "register_figure", "render_figures"]
 NUMBERS_FILE = "numbers.json"
@@ -28,7 +29,7 @@ def run_all(experiments: list[Experiment], jobs: int) -> Results:
     """Run each distinct experiment once, in worker processes when jobs > 1."""
     unique = list(dict.fromkeys(experiments))
     # longest first, so that the last worker does not start a long run alone
-    unique.sort(key=lambda e: -len(e.workload().specs))
+    unique.sort(key=lambda e: -len(e.workload.build().specs))
     bar = tqdm(total=len(unique), desc="experiments", unit="run")
     if jobs <= 1:
         results = {}

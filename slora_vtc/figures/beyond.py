@@ -41,7 +41,7 @@ ADMISSION = {
 def _prefix_run(suite: str, settings: dict) -> Experiment:
     """Served while the clients send (the suite's duration): what a backlog left at the end would
     take to drain says nothing of how the clients shared the server, and costs 10x the run."""
-    return Experiment(suite=suite, prefix_cache=True, horizon=SUITES[suite].duration, **settings)
+    return Experiment.of(suite=suite, prefix_cache=True, horizon=SUITES[suite].duration, **settings)
 
 
 def jain(result, duration: float) -> float:
@@ -240,7 +240,9 @@ def _preemption_table(numbers: dict) -> str:
 
 def _preemption() -> Figure:
     runs = {
-        (s, label): Experiment(suite=s, **settings) for s in PREEMPTION_SUITES for label, settings in ADMISSION.items()
+        (s, label): Experiment.of(suite=s, **settings)
+        for s in PREEMPTION_SUITES
+        for label, settings in ADMISSION.items()
     }
 
     def draw(results: Results, out: Path) -> dict:

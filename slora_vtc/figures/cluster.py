@@ -33,7 +33,7 @@ SYNC_S = 300.0  # long enough that a few sync intervals pass after the start-up
 def _cluster(suite: str, n: int, router: str, scheduler: str, **settings) -> Experiment:
     """Served while the clients send (what a backlog would take to drain is no measure of sharing)."""
     settings.setdefault("horizon", settings["duration"])
-    return Experiment(suite=suite, scheduler=scheduler, replicas=n, router=router, load_scale=n, **settings)
+    return Experiment.of(suite=suite, scheduler=scheduler, replicas=n, router=router, load_scale=n, **settings)
 
 
 def cluster_numbers(result, duration: float) -> dict:

@@ -52,7 +52,7 @@ def response_panel(ax, result: RunResult, title: str, clients: list[str] | None 
 
 
 def _experiments(*schedulers: str, cost: str = "linear") -> dict[str, Experiment]:
-    return {s: Experiment(suite="real", scheduler=s, cost=cost) for s in schedulers}
+    return {s: Experiment.of(suite="real", scheduler=s, cost=cost) for s in schedulers}
 
 
 def trace_stats(result: RunResult) -> dict:
@@ -80,7 +80,7 @@ def _response_figure(
         save(fig, out / f"{name}.png")
         first = results[next(iter(runs.values()))]
         return {"trace": trace_stats(first)} | {
-            label: _trace_numbers(results[exp], cost_function(exp.cost)) for label, exp in runs.items()
+            label: _trace_numbers(results[exp], cost_function(exp.scheduling.cost)) for label, exp in runs.items()
         }
 
     return Figure(name, figure, title, tuple(runs.values()), draw)
@@ -167,10 +167,10 @@ FIGURES = [
         "18",
         "real trace, profiled cost h: all 27 clients",
         {
-            "fcfs": Experiment(suite="real", scheduler="fcfs"),
-            "rpm:20": Experiment(suite="real", scheduler="rpm:20"),
-            "lcf": Experiment(suite="real", scheduler="lcf", cost="profile"),
-            "vtc": Experiment(suite="real", scheduler="vtc", cost="profile"),
+            "fcfs": Experiment.of(suite="real", scheduler="fcfs"),
+            "rpm:20": Experiment.of(suite="real", scheduler="rpm:20"),
+            "lcf": Experiment.of(suite="real", scheduler="lcf", cost="profile"),
+            "vtc": Experiment.of(suite="real", scheduler="vtc", cost="profile"),
         },
         all_clients=True,
     ),

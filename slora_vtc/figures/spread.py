@@ -39,9 +39,9 @@ def _table_band(runs) -> dict:
 
 
 def _spread() -> Figure:
-    single = {s: Experiment(suite="real", scheduler=s) for s in SCHEDULERS}
+    single = {s: Experiment.of(suite="real", scheduler=s) for s in SCHEDULERS}
     jittered = {
-        (s, seed): Experiment(suite="real", scheduler=s, seed=seed, jitter_ms=JITTER_MS)
+        (s, seed): Experiment.of(suite="real", scheduler=s, seed=seed, jitter_ms=JITTER_MS)
         for s in SCHEDULERS
         for seed in SEEDS
     }

@@ -47,7 +47,7 @@ def suite_figure(
     measured, extra = measured or {}, extra or {}
     duration = {s: (durations or {}).get(s, suite.duration) for s in schedulers}
     experiments = {
-        s: Experiment(
+        s: Experiment.of(
             suite=suite_name,
             scheduler=s,
             duration=(durations or {}).get(s),
@@ -77,11 +77,16 @@ def suite_figure(
             service_difference_panel(axes[2], curves, "absolute service difference", styles=styles)
         fig.suptitle(f"{suite.name}: {suite.description} (paper Fig {suite.figure})")
         save(fig, out / f"{suite_name}.png")
-        numbers = {s: {**run_numbers(r, duration[s]), "testbed": experiments[s].testbed} for s, r in runs.items()}
+        numbers = {
+            s: {**run_numbers(r, duration[s]), "testbed": experiments[s].backend.testbed} for s, r in runs.items()
+        }
         for s, r in truth.items():
             numbers[f"{s} (measured)"] = run_numbers(r, duration[s])
         for label, exp in extra.items():
-            numbers[label] = {**run_numbers(results[exp], exp.workload().duration), "testbed": exp.testbed}
+            numbers[label] = {
+                **run_numbers(results[exp], exp.workload.build().duration),
+                "testbed": exp.backend.testbed,
+            }
         return numbers
 
     inputs = tuple(f"{MEASURED}/{m.file}" for m in measured.values())
@@ -98,8 +103,8 @@ FIGURES = [
         },
         durations={"vtc": 360.0},
         extra={
-            "vtc 600 s": Experiment(suite="overload", scheduler="vtc"),  # what `slora-vtc run --suite overload` runs
-            "fcfs on a10g-2024": Experiment(suite="overload", scheduler="fcfs"),
+            "vtc 600 s": Experiment.of(suite="overload", scheduler="vtc"),  # what `slora-vtc run --suite overload` runs
+            "fcfs on a10g-2024": Experiment.of(suite="overload", scheduler="fcfs"),
         },
     ),  # the sessions' difference
     suite_figure("proportional"),

@@ -25,7 +25,7 @@ COLUMNS = ("max", "avg", "var", "throughput")
 
 def _experiments() -> dict[tuple[str, str, str], Experiment]:
     return {
-        (suite, s, cost): Experiment(
+        (suite, s, cost): Experiment.of(
             suite=suite, scheduler=s, duration=duration, cost="linear" if s.split(":")[0] in COST_BLIND else cost
         )
         for suite, duration in WORKLOADS.items()

@@ -31,7 +31,9 @@ NEW, OLD = "a10g-2024", "a10g-2023"
 
 def _sensitivity() -> Figure:
     cases = [(suite, s) for suite in WORKLOADS for s in SUITES[suite].schedulers if not s.startswith("wvtc")]
-    runs = {(suite, s, tb): Experiment(suite=suite, scheduler=s, testbed=tb) for suite, s in cases for tb in TESTBEDS}
+    runs = {
+        (suite, s, tb): Experiment.of(suite=suite, scheduler=s, testbed=tb) for suite, s in cases for tb in TESTBEDS
+    }
 
     def draw(results: Results, out: Path) -> dict:
         numbers = {}

@@ -13,8 +13,10 @@ LENGTHS = (256, 512, 768)
 
 
 def _ablation() -> Figure:
-    runs = {(pool, n): Experiment(suite=f"ablation_{pool}k_{n}", scheduler="vtc") for pool in (35, 65) for n in LENGTHS}
-    fcfs = Experiment(suite="ablation_65k_256", scheduler="fcfs")
+    runs = {
+        (pool, n): Experiment.of(suite=f"ablation_{pool}k_{n}", scheduler="vtc") for pool in (35, 65) for n in LENGTHS
+    }
+    fcfs = Experiment.of(suite="ablation_65k_256", scheduler="fcfs")
 
     def draw(results: Results, out: Path) -> dict:
         fig, axes = panels(2)
@@ -35,8 +37,8 @@ def _ablation() -> Figure:
 def _weighted() -> Figure:
     suite = SUITES["overload_weighted"]
     plain, weighted = (
-        Experiment(suite=suite.name, scheduler="vtc"),
-        Experiment(suite=suite.name, scheduler="wvtc:1,2,3,4"),
+        Experiment.of(suite=suite.name, scheduler="vtc"),
+        Experiment.of(suite=suite.name, scheduler="wvtc:1,2,3,4"),
     )
 
     def draw(results: Results, out: Path) -> dict:
@@ -45,7 +47,7 @@ def _weighted() -> Figure:
         service_rate_panel(axes[1], results[weighted], suite.duration, "weighted VTC, weights 1:2:3:4")
         fig.suptitle(f"{suite.description} (paper Fig 16)")
         save(fig, out / "weighted.png")
-        weights = scheduler_weights(weighted.scheduler, list(SUITES[suite.name].workload().clients))
+        weights = scheduler_weights(weighted.scheduling.scheduler, list(SUITES[suite.name].workload().clients))
         numbers = {
             "vtc": run_numbers(results[plain], suite.duration),
             "wvtc": run_numbers(results[weighted], suite.duration, weights=weights),
@@ -65,7 +67,7 @@ PREDICTION_SCHEDULERS = {"VTC": "vtc", "VTC +-50% prediction": "vtc-pred:0.5", "
 def _prediction() -> Figure:
     cases = {"overload": 360.0, "overload_multi": 360.0}
     runs = {
-        (suite, label): Experiment(suite=suite, scheduler=spec, duration=d)
+        (suite, label): Experiment.of(suite=suite, scheduler=spec, duration=d)
         for suite, d in cases.items()
         for label, spec in PREDICTION_SCHEDULERS.items()
     }
@@ -89,7 +91,7 @@ def _lift() -> Figure:
     """The rules differ only when a client arrives while nobody waits: rare under overload."""
     suites = ("overload_multi", "ablation_65k_512")
     runs = {
-        (s, lift): Experiment(suite=s, scheduler="vtc", lift=lift) for s in suites for lift in ("paper", "artifact")
+        (s, lift): Experiment.of(suite=s, scheduler="vtc", lift=lift) for s in suites for lift in ("paper", "artifact")
     }
 
     def draw(results: Results, out: Path) -> dict:

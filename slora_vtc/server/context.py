@@ -118,9 +118,7 @@ def build_context(config: ServerConfig) -> ServerContext:
 
 def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapters: AdapterTable):
     from slora_vtc.backends.registry import BackendSettings, build_backend
-    from slora_vtc.clock import WallClock
-    from slora_vtc.engine import Engine
-    from slora_vtc.memory import MemoryManager, TokenPool
+    from slora_vtc.builder import build_engine
 
     settings = BackendSettings(
         pool_tokens=config.pool_tokens,
@@ -131,11 +129,4 @@ def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapte
         seed=config.seed,
     )
     backend = build_backend(config.backend, settings)
-    backend.warmup()
-    memory = MemoryManager(
-        TokenPool(config.pool_tokens),
-        engine_config.slots_of,
-        on_load=backend.load_adapter,
-        cache=engine_config.prefix_cache,
-    )
-    return Engine(engine_config, scheduler, backend, WallClock(), memory)
+    return build_engine(engine_config, scheduler, backend)  # a real backend: on the wall clock

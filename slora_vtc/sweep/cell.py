@@ -3,13 +3,14 @@
 import hashlib
 import json
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from slora_vtc import metrics
-from slora_vtc.experiment import Experiment, cost_function, run_experiment
+from slora_vtc.experiment import Experiment, cost_function, default_settings
 from slora_vtc.results import RunResult
+from slora_vtc.runner import run_experiment
 from slora_vtc.sched import scheduler_weights
 
 OK, FAILED = "ok", "failed"
@@ -17,20 +18,20 @@ OK, FAILED = "ok", "failed"
 
 @dataclass(frozen=True)
 class Cell:
-    """The settings of one run (Experiment fields) and which of them the grid varies."""
+    """The settings of one run (Experiment's flat keys) and which of them the grid varies."""
 
     settings: dict
     axes: tuple[str, ...] = ()
 
     def experiment(self) -> Experiment:
-        return Experiment(**self.settings)
+        return Experiment.of(**self.settings)
 
     @property
     def id(self) -> str:
         """A hash of the settings that differ from Experiment's defaults: the same run has the same id
-        whether a default is spelt out or not, and after Experiment gains a field."""
-        defaults = {f.name: f.default for f in fields(Experiment) if f.default is not MISSING}
-        given = {k: v for k, v in asdict(self.experiment()).items() if k not in defaults or v != defaults[k]}
+        whether a default is spelt out or not, and after Experiment gains a setting."""
+        defaults = default_settings()
+        given = {k: v for k, v in self.experiment().flat().items() if k not in defaults or v != defaults[k]}
         return hashlib.sha256(json.dumps(given, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     @property
@@ -64,7 +65,7 @@ def error_line(e: BaseException) -> str:
 def settings_columns(cell: Cell) -> dict:
     """The cell id, one column per setting the file gives, and every setting as JSON."""
     columns = {k: json.dumps(v) if isinstance(v, tuple) else v for k, v in cell.settings.items()}
-    return {"cell": cell.id, **columns, "settings": json.dumps(asdict(cell.experiment()), default=list)}
+    return {"cell": cell.id, **columns, "settings": json.dumps(cell.experiment().flat(), default=list)}
 
 
 def summary(result: RunResult) -> dict:

@@ -1,35 +1,36 @@
-"""A grid file: `[grid]` maps Experiment fields to lists of values, `[fixed]` (optional) sets fields
-shared by every cell, and `[cluster]` (optional) the cluster's shared settings (replicas, router,
-routers, router_sync, ...: a [fixed] table of cluster settings only); the cells are the product of
-the lists, in the file's order."""
+"""A grid file: `[grid]` maps Experiment settings (its flat keys, slora_vtc.experiment.KEYS) to lists of
+values, `[fixed]` (optional) sets settings shared by every cell, and `[cluster]` (optional) the
+cluster's shared settings (replicas, router, routers, router_sync, ...: a [fixed] table of cluster
+settings only); the cells are the product of the lists, in the file's order."""
 
 import itertools
 import types
 import typing
-from dataclasses import MISSING, fields
 from pathlib import Path
 
 import tomllib
 
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import CLUSTER_ONLY, Experiment
+from slora_vtc.experiment import KEYS, default_settings, keys_of, setting_type
 from slora_vtc.sweep.cell import Cell
 
 TABLES = ("grid", "fixed", "cluster")
+CLUSTER_KEYS = keys_of("cluster")
 
 
 def load_grid(path: Path) -> list[Cell]:
-    """The cells of a grid file, each setting checked against Experiment's field types (not yet
-    against the registries: `check` in the CLI does that)."""
+    """The cells of a grid file, each setting checked against the type of its Experiment setting (not
+    yet against the registries: `check` in the CLI does that)."""
     raw = _read_toml(path)
     unknown_tables = [k for k in raw if k not in TABLES]
     if unknown_tables:
         raise UserError(f"{path}: unknown table [{unknown_tables[0]}] (known: [grid], [fixed], [cluster])")
     grid, fixed, cluster = (_table(path, raw, name) for name in TABLES)
-    not_cluster = [k for k in cluster if k not in CLUSTER_ONLY]
+    not_cluster = [k for k in cluster if k not in CLUSTER_KEYS]
     if not_cluster:
         raise UserError(
-            f"{path}: cluster.{not_cluster[0]} is not a cluster setting (those are: {', '.join(CLUSTER_ONLY)}); put it in [fixed]"
+            f"{path}: cluster.{not_cluster[0]} is not a cluster setting (those are: {', '.join(CLUSTER_KEYS)}); "
+            "put it in [fixed]"
         )
     both = [k for k in cluster if k in fixed]
     if both:
@@ -42,11 +43,8 @@ def load_grid(path: Path) -> list[Cell]:
     both = [k for k in axes if k in shared]
     if both:
         raise UserError(f"{path}: '{both[0]}' is in both [grid] and [fixed]")
-    missing = [
-        f.name
-        for f in fields(Experiment)
-        if f.default is MISSING and f.default_factory is MISSING and f.name not in {**axes, **shared}
-    ]
+    defaults = default_settings()
+    missing = [name for name in KEYS if name not in defaults and name not in {**axes, **shared}]
     if missing:
         raise UserError(f"{path}: every cell needs '{missing[0]}': add it to [grid] or [fixed]")
     return [Cell({**shared, **dict(zip(axes, combo))}, tuple(axes)) for combo in itertools.product(*axes.values())]
@@ -71,11 +69,10 @@ def _table(path: Path, raw: dict, name: str) -> dict:
 
 
 def _field_name(path: Path, table: str, key: str) -> str:
-    """An Experiment field; `pool-tokens` (the CLI's spelling) means pool_tokens."""
-    known = [f.name for f in fields(Experiment)]
+    """An Experiment setting; `pool-tokens` (the CLI's spelling) means pool_tokens."""
     name = key.replace("-", "_")
-    if name not in known:
-        raise UserError(f"{path}: unknown setting '{table}.{key}' (known: {', '.join(known)})")
+    if name not in KEYS:
+        raise UserError(f"{path}: unknown setting '{table}.{key}' (known: {', '.join(KEYS)})")
     return name
 
 
@@ -92,7 +89,7 @@ def _axis(path: Path, name: str, values) -> list:
 
 
 def _value(path: Path, where: str, name: str, value):
-    kind = typing.get_type_hints(Experiment)[name]
+    kind = setting_type(name)
     try:
         return _coerce(value, kind)
     except TypeError:
@@ -101,7 +98,7 @@ def _value(path: Path, where: str, name: str, value):
 
 def _coerce(value, kind):
     """`value` (from TOML) as a value of type `kind`; TypeError if it is not one. TOML has no null:
-    a field left out keeps Experiment's default."""
+    a setting left out keeps Experiment's default."""
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         for option in typing.get_args(kind):
             if option is not type(None):
@@ -114,7 +111,9 @@ def _coerce(value, kind):
         if not isinstance(value, list):
             raise TypeError
         return tuple(_coerce(v, typing.get_args(kind)[0]) for v in value)
-    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError
         return float(value)
     if kind in (bool, int, str) and type(value) is not kind:
         raise TypeError

@@ -67,13 +67,13 @@ def test_adapter_slots_count_in_admission():
     a, b = served(["dummy-0", "dummy-1"])  # 2 * 80 + 2 * 32 > 200: b waits until a has made room
     assert b.first_token_time > a.first_token_time
     assert (
-        Experiment(suite="overload", scheduler="vtc", backend="torch", adapters=1, adapter_rank=8)
+        Experiment.of(suite="overload", scheduler="vtc", backend="torch", adapters=1, adapter_rank=8)
         .engine_config()
         .slots_of("dummy-0")
         == 64
     )
     assert (
-        Experiment(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32
+        Experiment.of(suite="overload", scheduler="vtc").engine_config().adapter_slots == 32
     )  # the simulator's default is unchanged
 
 

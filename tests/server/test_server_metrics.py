@@ -10,9 +10,9 @@ import pytest
 from server_util import parse_metrics, running_server
 
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC
 from slora_vtc.server.events import Ended, Subscriber
@@ -41,7 +41,7 @@ PREFILL_S, DECODE_S = 0.4, 0.2
 def sim_service(pool: int, **settings) -> tuple[EngineService, VirtualClock]:
     clock = VirtualClock()
     model = StepTimeModel(prefill_coef=(PREFILL_S, 0.0, 0.0), decode_coef=(DECODE_S, 0.0, 0.0))
-    engine = Engine(EngineConfig(pool_tokens=pool, lora_rank=0), VTC(), SimBackend(model), clock)
+    engine = build_engine(EngineConfig(pool_tokens=pool, lora_rank=0), VTC(), SimBackend(model), clock)
     return EngineService(engine, **settings), clock
 
 

@@ -201,12 +201,13 @@ def test_compare_takes_specs_separated_by_spaces_even_with_commas_inside(capsys)
 
 def test_the_weighted_scheduler_row_reports_the_weighted_difference(capsys):
     from slora_vtc import metrics
-    from slora_vtc.experiment import Experiment, run_experiment
+    from slora_vtc.experiment import Experiment
+    from slora_vtc.runner import run_experiment
 
     code, out, _ = run_cli(
         capsys, "compare", "--suite", "overload_weighted", "--schedulers", "wvtc:1,2,3,4", "--duration", "120"
     )
-    result = run_experiment(Experiment(suite="overload_weighted", scheduler="wvtc:1,2,3,4", duration=120))
+    result = run_experiment(Experiment.of(suite="overload_weighted", scheduler="wvtc:1,2,3,4", duration=120))
     weighted = metrics.fairness_summary(result, 120, weights={f"client{i}": i + 1.0 for i in range(4)})
     plain = metrics.fairness_summary(result, 120)
     (row,) = table_rows(out)

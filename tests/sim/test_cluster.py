@@ -25,7 +25,7 @@ from slora_vtc.cli import main
 from slora_vtc.cluster import RouterOptions, build_router
 from slora_vtc.cluster.serve import build_cluster
 from slora_vtc.config import EngineConfig
-from slora_vtc.experiment import Experiment, run_cluster_experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.metrics import (
     cache_hit_rate,
     cache_hit_rate_by_replica,
@@ -34,6 +34,7 @@ from slora_vtc.metrics import (
     tokens_by_replica,
 )
 from slora_vtc.request import Request, State
+from slora_vtc.runner import router_options, run_cluster_experiment, run_experiment
 from slora_vtc.sched import build_scheduler
 
 W_Q = 2
@@ -84,7 +85,7 @@ def backlogged_differences(c, requests) -> list[float]:
     ],
 )
 def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission):
-    exp = Experiment(
+    exp = Experiment.of(
         suite="prefix_chat",
         scheduler=scheduler,
         replicas=3,
@@ -95,10 +96,10 @@ def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission
         horizon=60,
         admission=admission,
     )
-    workload = exp.workload()
+    workload = exp.workload.build()
     requests = exp.requests(workload)
     c = build_cluster(
-        build_router(router, exp.router_options(workload)),
+        build_router(router, router_options(exp, workload)),
         exp.replica_configs(),
         [sim_backend() for _ in range(3)],
         lambda: build_scheduler(scheduler, list(workload.clients), exp.scheduler_options()),
@@ -107,7 +108,7 @@ def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission
     for e in c.engines:
         inner = e.on_end
         e.on_end = lambda req, inner=inner: (ended.update([req.rid]), inner(req))
-    c.run(requests, until=exp.horizon)
+    c.run(requests, until=exp.workload.horizon)
     assert all(r.state in (State.FINISHED, State.REJECTED, State.ABORTED) for r in requests)
     assert sorted(ended) == sorted(r.rid for r in requests) and set(ended.values()) == {1}
     assert sum(r.state is State.FINISHED for r in requests) > len(requests) / 2
@@ -117,7 +118,9 @@ def test_every_request_ends_once_and_pools_are_free(router, scheduler, admission
 
 
 def test_push_routers_use_every_replica_and_record_it():
-    result = run_experiment(Experiment(suite="overload", scheduler="vtc", replicas=4, router="least-load", duration=60))
+    result = run_experiment(
+        Experiment.of(suite="overload", scheduler="vtc", replicas=4, router="least-load", duration=60)
+    )
     assert {r.replica for r in result.responses} == {0, 1, 2, 3}
     assert sum(tokens_by_replica(result)) == sum(
         r.prompt_len + r.output_len for r in result.responses if r.status == "finished"
@@ -128,7 +131,9 @@ def test_push_routers_use_every_replica_and_record_it():
 def test_prefix_affinity_keeps_the_caches_warmer_than_round_robin():
     def hits(router):
         result = run_experiment(
-            Experiment(suite="prefix_chat", scheduler="vtc", replicas=4, router=router, prefix_cache=True, duration=60)
+            Experiment.of(
+                suite="prefix_chat", scheduler="vtc", replicas=4, router=router, prefix_cache=True, duration=60
+            )
         )
         per_replica = cache_hit_rate_by_replica(result)
         served = [r for r in result.responses if r.status == "finished"]
@@ -146,7 +151,7 @@ def test_prefix_affinity_keeps_the_caches_warmer_than_round_robin():
 def test_replicas_may_differ_in_testbed():
     """a10g-2023 adds more overhead per forward pass than a10g-2024: under least load its replica serves less."""
     result = run_experiment(
-        Experiment(
+        Experiment.of(
             suite="overload",
             scheduler="vtc",
             replicas=2,
@@ -175,7 +180,7 @@ def test_global_counters_are_the_service_summed_over_replicas():
 
 def test_cluster_result_service_is_the_sum_of_the_replicas():
     result = run_experiment(
-        Experiment(suite="overload", scheduler="vtc", replicas=3, router="round-robin", duration=60)
+        Experiment.of(suite="overload", scheduler="vtc", replicas=3, router="round-robin", duration=60)
     )
     total = service_by_client(result)
     by_hand = Counter()
@@ -197,7 +202,7 @@ def test_cluster_result_service_is_the_sum_of_the_replicas():
     ],
 )
 def test_one_replica_equals_a_plain_run(suite, scheduler, extra):
-    exp = Experiment(suite=suite, scheduler=scheduler, **extra)
+    exp = Experiment.of(suite=suite, scheduler=scheduler, **extra)
     plain = run_experiment(exp)
     clustered = run_cluster_experiment(exp)
     horizon = extra.get("horizon", float("inf"))
@@ -209,7 +214,7 @@ def test_one_replica_equals_a_plain_run(suite, scheduler, extra):
     assert (
         plain.to_json()
         == run_experiment(
-            Experiment(suite=suite, scheduler=scheduler, replicas=1, router="least-load", **extra)
+            Experiment.of(suite=suite, scheduler=scheduler, replicas=1, router="least-load", **extra)
         ).to_json()
     )
 

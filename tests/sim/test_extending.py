@@ -93,7 +93,7 @@ def bursty(duration, seed):
     return [RequestSpec(f"client{i % 2}", 100, 50, float(x)) for i, x in enumerate(t)]
 register_suite(Suite("bursty", "-", "2 clients, one sends bursts", num_clients=2, duration=600, generate=bursty))
 
-experiment = Experiment(suite="bursty", scheduler="vtc")
+experiment = Experiment.of(suite="bursty", scheduler="vtc")
 def draw(results, out):
     result = results[experiment]
     fig, axes = panels(1)

@@ -5,8 +5,9 @@ from conftest import ARENA_FIXTURE, lmsys_trace
 
 from slora_vtc import metrics
 from slora_vtc.cli import main
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.results import read_results
+from slora_vtc.runner import run_experiment
 
 FIXTURE = str(ARENA_FIXTURE)
 
@@ -14,7 +15,7 @@ FIXTURE = str(ARENA_FIXTURE)
 @pytest.fixture(scope="module")
 def real():
     lmsys_trace()
-    return {s: run_experiment(Experiment(suite="real", scheduler=s)) for s in ("vtc", "fcfs", "lcf", "rpm:5")}
+    return {s: run_experiment(Experiment.of(suite="real", scheduler=s)) for s in ("vtc", "fcfs", "lcf", "rpm:5")}
 
 
 def test_rpm5_rejects_requests_and_loses_throughput(real):

@@ -15,14 +15,16 @@ from hypothesis import strategies as st
 from sched_util import FakeBudget
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.macro_step import first_fit
 from slora_vtc.memory import Budget, MemoryManager, TokenPool
 from slora_vtc.request import Request, State
 from slora_vtc.results import RunResult
+from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
 
 # (suite, scheduler, other settings): every scheduler family, both costs, both admissions, the
@@ -55,7 +57,7 @@ def run(exp: Experiment, macro_steps: bool) -> RunResult:
 
 @pytest.mark.parametrize("suite,scheduler,settings", CASES, ids=[f"{s}-{p}-{'-'.join(o)}" for s, p, o in CASES])
 def test_the_result_file_is_that_of_single_steps(suite, scheduler, settings):
-    exp = Experiment(
+    exp = Experiment.of(
         suite=suite,
         scheduler=scheduler,
         duration=60 if suite.startswith(("overload", "poisson", "dist", "real")) else None,
@@ -91,11 +93,11 @@ class CountingSim(SimBackend):
 
 
 def overload_engine(macro_steps: bool, scheduler: str = "vtc") -> tuple[Engine, CountingSim, list[Request]]:
-    exp = Experiment(suite="overload", scheduler=scheduler, duration=60)
-    workload = exp.workload()
+    exp = Experiment.of(suite="overload", scheduler=scheduler, duration=60)
+    workload = exp.workload.build()
     config = replace(exp.engine_config(), macro_steps=macro_steps)
     backend = CountingSim()
-    engine = Engine(config, build_scheduler(scheduler, list(workload.clients)), backend, VirtualClock())
+    engine = build_engine(config, build_scheduler(scheduler, list(workload.clients)), backend, VirtualClock())
     return engine, backend, exp.requests(workload)
 
 

@@ -5,10 +5,10 @@ select: the two are run side by side on whole workloads and compared admission b
 import pytest
 
 from slora_vtc.backends.registry import build_backend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.engine import Engine
 from slora_vtc.experiment import Experiment
-from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.request import Request
 from slora_vtc.sched import Delegating, Scheduler, build_scheduler
 from slora_vtc.sched.queue import PeekPopQueue
@@ -62,13 +62,12 @@ class ViaQueue(Recorded):
 
 
 def engine_for(exp: Experiment, wrap) -> tuple[Engine, list[Request]]:
-    workload, config = exp.workload(), exp.engine_config()
+    workload, config = exp.workload.build(), exp.engine_config()
     requests = exp.requests(workload)
-    backend = build_backend(exp.backend, exp.backend_settings(config))
+    backend = build_backend(exp.backend.name, exp.backend_settings(config))
     clock = VirtualClock()
-    sched = wrap(build_scheduler(exp.scheduler, list(workload.clients), exp.scheduler_options()), clock.now)
-    memory = MemoryManager(TokenPool(config.pool_tokens), config.slots_of, cache=config.prefix_cache)
-    return Engine(config, sched, backend, clock, memory), requests
+    scheduler = build_scheduler(exp.scheduling.scheduler, list(workload.clients), exp.scheduler_options())
+    return build_engine(config, wrap(scheduler, clock.now), backend, clock), requests
 
 
 CASES = [
@@ -85,11 +84,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_a_peek_pop_driver_admits_and_charges_as_the_engine(case):
-    exp = Experiment(**case)
+    exp = Experiment.of(**case)
     logs, ends = [], []
     for wrap in (Recorded, ViaQueue):
         engine, requests = engine_for(exp, wrap)
-        engine.run(requests, until=exp.horizon)
+        engine.run(requests, until=exp.workload.horizon)
         logs.append(engine.scheduler.log)
         ends.append([(r.rid, r.state, r.generated, r.finish_time) for r in requests])
     assert len(logs[0]) > 50

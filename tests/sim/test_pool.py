@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import A10G_STEP_MODEL, SimBackend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
 from slora_vtc.memory import MemoryManager, PoolExhausted, TokenPool
 from slora_vtc.sched import build_scheduler
 from slora_vtc.suites import get_suite
@@ -96,7 +96,9 @@ def test_suite_runs_leave_the_pool_empty(suite, spec):
     workload = get_suite(suite).workload(duration=40)
     requests = workload.requests()
     clock = VirtualClock()
-    engine = Engine(EngineConfig(), build_scheduler(spec, list(workload.clients)), SimBackend(A10G_STEP_MODEL), clock)
+    engine = build_engine(
+        EngineConfig(), build_scheduler(spec, list(workload.clients)), SimBackend(A10G_STEP_MODEL), clock
+    )
     engine.run(requests)
     assert_clean(engine, requests)
     assert any(r.state.value == "finished" for r in requests)

@@ -5,12 +5,13 @@ import pytest
 from sched_util import Plain
 
 from slora_vtc.backends.sim import sim_backend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request, State
+from slora_vtc.runner import run_experiment
 from slora_vtc.sched import Delegating, build_scheduler
 from slora_vtc.sched.base import Scheduler
 
@@ -36,7 +37,7 @@ def run(requests, scheduler="fcfs", pool=3000, admission="optimistic", cache=Fal
     sched = build_scheduler(scheduler, ["c0", "c1"])
     recorder = Recorder(sched)
     ended = []
-    engine = Engine(
+    engine = build_engine(
         EngineConfig(pool_tokens=pool, lora_rank=0, admission=admission, prefix_cache=cache),
         recorder,
         sim_backend(),
@@ -75,7 +76,7 @@ def test_fcfs_preempts_the_latest_arrival_and_counts_what_it_recomputes():
 def test_with_room_to_spare_optimistic_admission_changes_nothing():
     def responses(admission):
         return run_experiment(
-            Experiment(suite="overload", scheduler="vtc", duration=60, pool_tokens=200_000, admission=admission)
+            Experiment.of(suite="overload", scheduler="vtc", duration=60, pool_tokens=200_000, admission=admission)
         ).responses
 
     assert responses("optimistic") == responses("conservative")
@@ -89,13 +90,13 @@ def test_conservative_admission_never_preempts():
 
 def test_a_scheduler_that_cannot_take_requests_back_is_refused_under_optimistic_admission():
     with pytest.raises(UserError, match="preempted"):
-        Engine(EngineConfig(admission="optimistic"), Plain(), sim_backend(), VirtualClock())
+        build_engine(EngineConfig(admission="optimistic"), Plain(), sim_backend(), VirtualClock())
 
 
 def test_a_horizon_aborts_what_is_left_and_frees_the_pool():
     requests = overcommitted()
     ended = []
-    engine = Engine(
+    engine = build_engine(
         EngineConfig(pool_tokens=3000, lora_rank=0, prefix_cache=True),
         build_scheduler("vtc", ["c0", "c1"]),
         sim_backend(),

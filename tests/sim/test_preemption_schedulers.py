@@ -8,9 +8,9 @@ import pytest
 from conftest import FixedBackend
 from sched_util import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
 
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
 from slora_vtc.sched.vtc_predict import OraclePredictor, PredictingVTC
@@ -231,7 +231,7 @@ def serve(
     sched = build_scheduler(spec, CLIENTS, options)
     config = EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=prefix, admission=admission)
     ended: list[Request] = []
-    engine = Engine(config, sched, FixedBackend(clock=clock), clock, on_end=ended.append)
+    engine = build_engine(config, sched, FixedBackend(clock=clock), clock, on_end=ended.append)
     first_cached: dict[int, int] = {}
     deficits: list[dict[str, float]] = []
     most_output_running = [0]
@@ -343,5 +343,5 @@ def test_an_engine_refuses_optimistic_admission_for_a_scheduler_without_preempti
     from slora_vtc.errors import UserError
 
     with pytest.raises(UserError, match="cannot take preempted requests back"):
-        Engine(EngineConfig(admission="optimistic"), RateLimited(Plain(), {}), FixedBackend(), VirtualClock())
-    Engine(EngineConfig(admission="optimistic"), RateLimited(FCFS(), {}), FixedBackend(), VirtualClock())
+        build_engine(EngineConfig(admission="optimistic"), RateLimited(Plain(), {}), FixedBackend(), VirtualClock())
+    build_engine(EngineConfig(admission="optimistic"), RateLimited(FCFS(), {}), FixedBackend(), VirtualClock())

@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import sim_backend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
-from slora_vtc.engine import Engine
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.memory import Budget, MemoryManager, TokenPool
 from slora_vtc.memory.radix import RadixCache
 from slora_vtc.request import Request, State
+from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
 
 ADAPTERS = (None, "a")
@@ -203,7 +204,7 @@ def test_the_pool_never_leaks_and_every_request_ends_once(seed, scheduler, admis
     requests = _prefix_workload(seed, 40, 3, 300, 200)
     ended = []
     config = EngineConfig(pool_tokens=pool, prefix_cache=True, admission=admission)
-    engine = Engine(
+    engine = build_engine(
         config, build_scheduler(scheduler, ["c0", "c1", "c2"]), sim_backend(), VirtualClock(), on_end=ended.append
     )
 
@@ -224,7 +225,7 @@ def test_the_pool_never_leaks_and_every_request_ends_once(seed, scheduler, admis
 def test_the_cache_shortens_a_run_of_shared_documents():
     def total(cache: bool) -> tuple[float, int]:
         requests = _prefix_workload(3, 60, 2, 1500, 20)
-        engine = Engine(
+        engine = build_engine(
             EngineConfig(pool_tokens=10_000, prefix_cache=cache),
             build_scheduler("fcfs", []),
             sim_backend(),
@@ -239,7 +240,9 @@ def test_the_cache_shortens_a_run_of_shared_documents():
 
 def test_prefix_cache_on_changes_nothing_for_prompts_without_ids():
     def responses(cache: bool):
-        return run_experiment(Experiment(suite="overload", scheduler="vtc", duration=60, prefix_cache=cache)).responses
+        return run_experiment(
+            Experiment.of(suite="overload", scheduler="vtc", duration=60, prefix_cache=cache)
+        ).responses
 
     assert responses(True) == responses(False)
 
@@ -302,7 +305,7 @@ def test_a_prefix_computed_twice_in_one_batch_is_not_held_twice():
     the first finished: 101 + 100 + 249 = 450 > 400, and the pool would run out."""
     d = list(range(1000, 1100))
     r1, r2 = _with_ids("a", d + [1], 2, -1), _with_ids("a", d + [2], 250, -1)
-    engine = Engine(
+    engine = build_engine(
         EngineConfig(pool_tokens=400, lora_rank=0, prefix_cache=True),
         build_scheduler("fcfs", []),
         sim_backend(),

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from sched_util import FakeBudget, arrive, ids, reqs, rids, run_token
 
 from slora_vtc.backends.sim import sim_backend
+from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import ProfiledCost
-from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, LPM, VTC, SchedulerOptions, build_scheduler
@@ -239,7 +239,7 @@ class Observed:
 
 def run_observed(spec: str, requests: list[Request], pool: int) -> Observed:
     sched = build_scheduler(spec, ["a", "b"])
-    engine = Engine(
+    engine = build_engine(
         EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, sim_backend(), VirtualClock()
     )
     seen = Observed()
@@ -353,13 +353,14 @@ def test_on_the_misbehaving_client_suites_lpm_breaks_the_bound_and_dlpm_keeps_it
     """Both clients are backlogged until the arrivals end (test_prefix_suites.py), where the runs stop.
     U = w_e * L_input + w_q * M with M at most the pool (no batch holds more tokens): a bound on
     DLPM's 2 (U + Q) that holds for any batch, so LPM exceeding it is a real break."""
-    from slora_vtc.experiment import Experiment, run_experiment
+    from slora_vtc.experiment import Experiment
+    from slora_vtc.runner import run_experiment
     from slora_vtc.suites import SUITES
 
     q, duration, pool = 8000, SUITES[suite].duration, SUITES[suite].pool_tokens
     gaps, bound = {}, None
     for scheduler in ("lpm", f"dlpm:{q}"):
-        result = run_experiment(Experiment(suite=suite, scheduler=scheduler, prefix_cache=True, horizon=duration))
+        result = run_experiment(Experiment.of(suite=suite, scheduler=scheduler, prefix_cache=True, horizon=duration))
         w = dlpm_service(result)
         gaps[scheduler] = abs(w["client0"] - w["client1"])
         u = max(r.prompt_len + 1 for r in result.responses) + 2 * pool

@@ -9,7 +9,8 @@ import pytest
 
 from slora_vtc.cli import main
 from slora_vtc.errors import UserError
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
+from slora_vtc.runner import run_experiment
 from slora_vtc.segments import parse_segments, segment_ids
 from slora_vtc.suites import SUITES, get_suite
 from slora_vtc.traces import read_trace, write_trace
@@ -243,7 +244,7 @@ def backlogged_from(result, client: str, start: float, end: float) -> bool:
 @pytest.mark.parametrize("name", PREFIX)
 def test_two_clients_stay_backlogged(name):
     suite = get_suite(name)
-    result = run_experiment(Experiment(suite=name, scheduler="vtc"))
+    result = run_experiment(Experiment.of(suite=name, scheduler="vtc"))
     served = sum(r.prompt_len + r.output_len for r in result.responses) / result.total_time
     for client in ("client0", "client1"):
         offered = (

@@ -9,9 +9,10 @@ from conftest import a10g_profile, req
 from slora_vtc import metrics
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, SimBackend, StepTimeModel
 from slora_vtc.calibrate import calibrate, compare, first_run, replay
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.figures.calibration import prefill_batches
 from slora_vtc.profile import load_profile
+from slora_vtc.runner import run_experiment
 
 
 def test_step_times_follow_the_model():
@@ -88,7 +89,7 @@ def test_a_testbed_reproduces_its_run_per_client(paper_results, testbed, measure
 
 @pytest.fixture(scope="module")
 def overload():
-    return {s: run_experiment(Experiment(suite="overload", scheduler=s)) for s in ("vtc", "fcfs")}
+    return {s: run_experiment(Experiment.of(suite="overload", scheduler=s)) for s in ("vtc", "fcfs")}
 
 
 def steady_rates(result):
@@ -120,7 +121,7 @@ def test_overload_throughput_is_the_measured_one(overload):
 
 
 def test_weighted_vtc_serves_in_proportion_to_the_weights():
-    result = run_experiment(Experiment(suite="overload_weighted", scheduler="wvtc:1,2,3,4"))
+    result = run_experiment(Experiment.of(suite="overload_weighted", scheduler="wvtc:1,2,3,4"))
     acc = metrics.accumulated_service(result, [360.0])
     shares = [acc[f"client{i}"][0] / acc["client0"][0] for i in range(4)]
     assert shares == pytest.approx([1, 2, 3, 4], rel=0.05)

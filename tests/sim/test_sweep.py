@@ -2,7 +2,6 @@
 resuming, failed cells, and one-line errors (exit status 2) on bad grids."""
 
 import json
-from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -10,7 +9,8 @@ import pytest
 import slora_vtc.sweep.cell as cell_module
 from slora_vtc.cli import main
 from slora_vtc.cli.report import summary_row
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
+from slora_vtc.runner import run_experiment
 from slora_vtc.sweep import load_grid
 from slora_vtc.sweep.cell import Cell
 
@@ -84,7 +84,7 @@ def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, c
     table = pd.read_parquet(out)
     assert len(table) == 4 and set(table["status"]) == {"ok"} and set(table["error"]) == {""}
     for row in table.itertuples():
-        result = run_experiment(Experiment(suite="overload", scheduler=row.scheduler, seed=row.seed, duration=20))
+        result = run_experiment(Experiment.of(suite="overload", scheduler=row.scheduler, seed=row.seed, duration=20))
         expected = summary_row(result)  # what `slora-vtc run` prints for the same run
         assert (row.fairness_max, row.fairness_avg, row.fairness_var) == pytest.approx(
             (expected["diff max"], expected["diff avg"], expected["diff var"])
@@ -107,13 +107,13 @@ def test_a_rerun_skips_every_finished_cell(tmp_path, capsys, counted_runs):
     # a grid grown by one axis value runs only the new cells; the old rows stay
     bigger = write(tmp_path, GRID.replace('["vtc", "fcfs"]', '["vtc", "fcfs", "lcf"]'))
     assert sweep(capsys, bigger, "--local", "--out", out)[0] == 0
-    assert [e.scheduler for e in counted_runs] == ["lcf", "lcf"]
+    assert [e.scheduling.scheduler for e in counted_runs] == ["lcf", "lcf"]
     assert len(pd.read_parquet(out)) == 6
 
 
 def test_a_cell_that_raises_is_recorded_and_the_others_finish(tmp_path, capsys, monkeypatch):
     def fcfs_breaks(exp, *args, **kwargs):
-        if exp.scheduler == "fcfs":
+        if exp.scheduling.scheduler == "fcfs":
             raise RuntimeError("the engine broke\nsecond line")
         return run_experiment(exp, *args, **kwargs)
 
@@ -135,7 +135,7 @@ def test_a_cell_that_raises_is_recorded_and_the_others_finish(tmp_path, capsys, 
 
 def test_an_interrupted_sweep_keeps_the_rows_it_had(tmp_path, capsys, monkeypatch):
     def interrupted_at_the_third(exp, *args, **kwargs):
-        if exp.scheduler == "fcfs" and exp.seed == 1:
+        if exp.scheduling.scheduler == "fcfs" and exp.workload.seed == 1:
             raise KeyboardInterrupt
         return run_experiment(exp, *args, **kwargs)
 
@@ -188,6 +188,8 @@ FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
         ('[grid]\nscheduler = ["vtc"]\nseed = [1.5]' + FIXED, "grid.seed = 1.5 is not an integer"),
         ('[grid]\nscheduler = ["vtc"]\nprefix_cache = [1]' + FIXED, "grid.prefix_cache = 1 is not true or false"),
         ('[grid]\nscheduler = ["vtc"]\npool_tokens = [true]' + FIXED, "grid.pool_tokens = True is not an integer"),
+        ('[grid]\nscheduler = ["vtc"]\nhorizon = ["x"]' + FIXED, "grid.horizon = 'x' is not a number"),
+        ('[grid]\nscheduler = ["vtc"]\ncharge_cached = [false]' + FIXED, "grid.charge_cached = False is not a number"),
         ('[grid]\nscheduler = ["vtc", "nope"]' + FIXED, "cell scheduler=nope: unknown scheduler 'nope'"),
         (
             '[grid]\nscheduler = ["vtc"]\nsuite = ["overlord"]\n',
@@ -286,7 +288,6 @@ def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
         assert "scheduler" in err and "fairness_max" in err  # the line names the known columns
 
 
-@pytest.mark.skipif("router" not in {f.name for f in fields(Experiment)}, reason="Experiment has no cluster fields yet")
 def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path, capsys):
     text = (
         '[grid]\nreplicas = [2]\nrouter = ["round-robin", "least-load"]\n'
