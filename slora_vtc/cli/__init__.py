@@ -10,7 +10,7 @@ import os
 import sys
 
 from slora_vtc.cli import calibrate, experiments, figures, gateway, real, serving, sweep, traces
-from slora_vtc.cli.plugins import PLUGINS_ENV, load_plugins
+from slora_vtc.plugins import PLUGINS_ENV, load_plugins
 from slora_vtc.errors import UserError
 
 COMMAND_GROUPS = (experiments, sweep, figures, traces, calibrate, real, serving, gateway)

@@ -241,6 +241,8 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         return 0.0
 
     # -- the look-ahead of macro-steps (vtc_lookahead.py) ---------------------------------------------
+    KNOWN_TO_LOOKAHEAD = {"peek": peek, "on_decode_step": on_decode_step, "token_charge": token_charge}
+
     def charge_steps(self, running: list[Request], steps: int, now: float) -> bool:
         return vtc_lookahead.charge_steps(self, running, steps)
 

@@ -30,12 +30,10 @@ def _exact(counter: float, added: int) -> bool:
 
 
 def _built_in(vtc: "VTC", method: str) -> bool:
-    """Whether `vtc` does `method` as VTC (or VTC with prediction) does: a subclass that charges or
-    selects otherwise must say for itself."""
-    from slora_vtc.sched.vtc import VTC
-    from slora_vtc.sched.vtc_predict import PredictingVTC
-
-    return getattr(type(vtc), method) in (getattr(VTC, method), getattr(PredictingVTC, method))
+    """Whether `vtc`'s class does `method` as the class that declared its rules to this module did
+    (`KNOWN_TO_LOOKAHEAD`): a subclass that charges or selects otherwise must say for itself."""
+    cls = type(vtc)
+    return getattr(cls, method) is cls.KNOWN_TO_LOOKAHEAD[method]
 
 
 def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, int] | None:

@@ -85,6 +85,8 @@ class PredictingVTC(VTC):
             return 0.0
         return self.cost(x, n) - self.cost(x, max(n - 1, p))
 
+    KNOWN_TO_LOOKAHEAD = {**VTC.KNOWN_TO_LOOKAHEAD, "token_charge": token_charge}
+
     def settle(self, req: Request) -> float:
         """Refund a prediction that overshot what the request actually received; forget it."""
         record = self.records.pop(req.rid)

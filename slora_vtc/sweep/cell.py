@@ -42,7 +42,7 @@ class Cell:
 def run_cell(cell: Cell, plugins: tuple[str, ...] = ()) -> dict:
     """Run one cell (in a Ray task, a worker process or this one) into its row; a run that raises
     gives a failed row with the error's first line."""
-    from slora_vtc.cli.plugins import load_plugins  # a fresh worker process has none of the driver's plugins
+    from slora_vtc.plugins import load_plugins  # a fresh worker process has none of the driver's plugins
 
     start = time.perf_counter()
     try:

@@ -12,7 +12,7 @@ import pytest
 from gateway_util import FakeUpstream, fake_upstream, gateway
 from server_util import running_server
 
-from slora_vtc.cli.plugins import load_plugins
+from slora_vtc.plugins import load_plugins
 from slora_vtc.sched import SCHEDULERS
 
 PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "round_robin.py"

@@ -1,0 +1,91 @@
+"""The package's layers (docs/design.md, "Architecture"): no module imports one of a layer above its
+own, and no two modules import each other, directly or around a circle (lazy imports included;
+imports only for type checkers are not imports)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "slora_vtc"
+
+# lowest first; a module's layer is that of its top-level module or subpackage
+LAYERS = [
+    {"request", "workload", "results", "profile", "cost", "config", "clock", "errors", "specs", "segments", "data",
+     "hf_tokenizer"},  # records
+    {"memory", "sched", "model"},  # the pool, the schedulers, a model's math and its records
+    {"engine", "macro_step", "builder", "backends"},  # the engine
+    {"cluster"},  # replicas behind routers
+    {"experiment", "runner", "suites", "traces", "metrics", "calibrate", "figures", "docs", "sweep", "plugins",
+     "realrun"},  # experiments
+    {"serving"},  # what the server and the gateway share
+    {"server", "gateway", "cli", "__main__"},
+]  # fmt: skip
+LAYER_OF = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def module_name(path: Path) -> str:
+    parts = ["slora_vtc", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The slora_vtc modules `path` imports (at any depth), leaving out `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slora_vtc."):
+            found |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        elif isinstance(node, ast.ImportFrom) and node.module == "slora_vtc":
+            found |= {f"slora_vtc.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("slora_vtc.")}
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+GRAPH = {m: {i for i in imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+
+
+def unit(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_every_module_has_a_layer():
+    assert sorted({unit(m) for m in MODULES if m != "slora_vtc"} - set(LAYER_OF)) == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [
+        (m, i) for m, targets in GRAPH.items() if m != "slora_vtc" for i in targets
+        if LAYER_OF[unit(i)] > LAYER_OF[unit(m)]
+    ]  # fmt: skip
+    assert upward == []
+
+
+def test_no_import_circles():
+    """Depth-first search for a back edge (package __init__ modules re-export their children; an edge
+    from a child to its own package's __init__ is the child importing a sibling through it)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for i in sorted(GRAPH[m]):
+            if m.startswith(i + "."):  # a child importing its own package: that runs the package first
+                continue
+            if state.get(i) == 1:
+                return path + [m, i]
+            if i not in state and (circle := visit(i, path + [m])):
+                return circle
+        state[m] = 2
+        return None
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            assert visit(m, []) is None
