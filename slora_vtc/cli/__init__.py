@@ -10,8 +10,8 @@ import os
 import sys
 
 from slora_vtc.cli import calibrate, experiments, figures, gateway, real, serving, sweep, traces
-from slora_vtc.plugins import PLUGINS_ENV, load_plugins
 from slora_vtc.errors import UserError
+from slora_vtc.plugins import PLUGINS_ENV, load_plugins
 
 COMMAND_GROUPS = (experiments, sweep, figures, traces, calibrate, real, serving, gateway)
 

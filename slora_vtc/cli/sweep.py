@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from slora_vtc.cli.experiments import check
-from slora_vtc.plugins import PLUGINS_ENV
 from slora_vtc.errors import UserError
+from slora_vtc.plugins import PLUGINS_ENV
 
 
 def cmd_sweep(args) -> int:
