@@ -61,6 +61,18 @@ def _until_admission(running: list[Request], scheduler: Scheduler, budget: Budge
     return steps
 
 
+def running_terms(budget: Budget) -> tuple[list[int], list[int], list[int], list[int]]:
+    """first_fit's terms of the running batch alone, computed once per budget (nothing is added to
+    it): to generate t_i and cumulative held H_i in sorted order, the prefix maxima of the terms
+    ahead of a candidate (-1 before any) and the suffix maxima of those behind it, less its held."""
+    if budget.terms is None:
+        t, cum = [-n for n in budget.neg_to_generate], list(accumulate(budget.held))
+        ahead = list(accumulate((ti * (i + 1) + ci for i, (ti, ci) in enumerate(zip(t, cum))), max, initial=-1))
+        behind = list(accumulate((ti * (i + 2) + ci for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max))
+        budget.terms = (t, cum, ahead, behind[::-1])
+    return budget.terms
+
+
 def first_fit(budget: Budget, req: Request, steps: range) -> int | None:
     """On a budget nothing was added to: the first s in `steps` after which `req` would fit if the
     running batch only decoded s more steps (each running request holding s tokens more and
@@ -78,19 +90,14 @@ def first_fit(budget: Budget, req: Request, steps: range) -> int | None:
         return steps[0] if costs.now < budget.available - steps[0] * budget.count else None
     limit = budget.config.pool_tokens - (budget.adapter_slots + costs.new_adapter + budget.reserved + costs.locking)
     to_generate, held = req.remaining - 1, costs.extend + 1
-    t, cum = [-n for n in budget.neg_to_generate], list(accumulate(budget.held))
-    ahead = list(accumulate((ti * (i + 1) + ci for i, (ti, ci) in enumerate(zip(t, cum))), max, initial=-1))
-    behind = list(
-        accumulate(
-            (ti * (i + 2) + ci + held for i, (ti, ci) in reversed(list(enumerate(zip(t, cum))))), max, initial=-1
-        )
-    )[::-1]
+    t, cum, ahead, behind_but_held = running_terms(budget)
     s = steps.start
     while s < steps.stop:
         p = bisect_right(budget.neg_to_generate, -(to_generate + s))  # running entries ahead of the candidate
         stop = steps.stop if p == 0 else min(steps.stop, t[p - 1] - to_generate + 1)  # p holds for s in [s, stop)
         if ahead[p] < limit:
-            first = max(s, behind[p] - limit + 1)
+            behind = behind_but_held[p] + held if p < len(t) else -1  # the largest term behind the candidate
+            first = max(s, behind - limit + 1)
             mine = to_generate * (p + 1) + (cum[p - 1] if p else 0) + held  # + s * p
             if p:
                 last = min(stop - 1, (limit - mine - 1) // p)  # mine + s * p < limit

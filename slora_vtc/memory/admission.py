@@ -88,6 +88,7 @@ class Budget(AdmissionBudget):
         self.neg_to_generate: list[int] = [neg for neg, _ in entries]  # ascending, i.e. to_generate descending
         self.held: list[int] = [held for _, held in entries]
         self.count = len(entries)
+        self.terms: tuple | None = None  # the macro-steps' terms of these entries (macro_step.running_terms)
 
     def cached_len(self, req: Request) -> int:
         return self._memory.cached_len(req) if self._cache else 0
@@ -142,6 +143,7 @@ class Budget(AdmissionBudget):
         return need < self.config.pool_tokens - taken
 
     def _insert(self, to_generate: int, held: int) -> None:
+        self.terms = None
         pos = bisect_right(self.neg_to_generate, -to_generate)
         self.neg_to_generate.insert(pos, -to_generate)
         self.held.insert(pos, held)
