@@ -20,7 +20,8 @@ import time
 
 import httpx2
 import pytest
-from gateway_util import gateway, upstream
+
+from tests.helpers.gateway import gateway, upstream
 
 REQUESTS = 24  # each client's
 IN_FLIGHT = {"light": 4, "heavy": 8}

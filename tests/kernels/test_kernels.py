@@ -2,7 +2,7 @@
 
 On CPU the kernels run in the Triton interpreter (conftest sets TRITON_INTERPRET=1), so every shape
 here is tiny. The `cuda` variants run the same checks on a GPU and are skipped without one; run them
-compiled with `TRITON_INTERPRET=0 pytest tests/test_kernels.py` (the cpu variants then skip).
+compiled with `TRITON_INTERPRET=0 pytest tests/kernels/test_kernels.py` (the cpu variants then skip).
 """
 
 import os
@@ -75,6 +75,7 @@ def test_ops_rejects_unknown_names():
     assert BACKENDS == ("reference", "triton")
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_for_hopper_without_a_gpu():
     """GPU-only compile errors (tl.dot shapes, layouts, shared memory) that the interpreter cannot see."""
     import triton

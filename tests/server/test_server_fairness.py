@@ -10,7 +10,8 @@ import threading
 
 import httpx2
 import pytest
-from server_util import running_server
+
+from tests.helpers.server import running_server
 
 POOL = 300  # about 4 requests at a time: saturated from the first arrivals on
 PROMPT, OUTPUT = 8, 64

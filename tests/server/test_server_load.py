@@ -6,7 +6,8 @@ import asyncio
 import json
 
 import httpx2
-from server_util import running_server
+
+from tests.helpers.server import running_server
 
 CLIENTS, PER_CLIENT = 20, 10
 LIMITED_RPM = 5  # client c0: its last 5 requests are refused

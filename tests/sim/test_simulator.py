@@ -4,7 +4,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import a10g_profile, req
 
 from slora_vtc import metrics
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, SimBackend, StepTimeModel
@@ -13,6 +12,8 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.figures.calibration import prefill_batches
 from slora_vtc.profile import load_profile
 from slora_vtc.runner import run_experiment
+from tests.helpers.engine import req
+from tests.helpers.files import a10g_profile
 
 
 def test_step_times_follow_the_model():
