@@ -25,7 +25,13 @@ triton_ops = ops("triton")
 INTERPRETED = interpreted(_rms_norm_kernel)  # how the kernels were defined (TRITON_INTERPRET at import)
 
 DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="compiled Triton kernels need CUDA tensors")),
+    pytest.param(
+        "cpu",  # the Triton interpreter: slow
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(not INTERPRETED, reason="compiled Triton kernels need CUDA tensors"),
+        ],
+    ),
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
 ]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -172,6 +172,7 @@ def test_generate_cli_serves_a_peft_adapter(hf):
     assert [int(t) for t in out.stdout.strip().split(",")] == peft_greedy(peft_model(hf, "r8-all"), prompt, NEW)[0]
 
 
+@pytest.mark.slow
 def test_run_and_profile_serve_peft_adapters(hf, tmp_path):
     from slora_vtc.cli import main
     from slora_vtc.profile import load_profile

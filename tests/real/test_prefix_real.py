@@ -41,9 +41,12 @@ BACKENDS = [
     "torch",
     pytest.param(
         "triton",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET") != "1", reason="the fp32 check runs the kernels in the interpreter"
-        ),
+        marks=[
+            pytest.mark.slow,  # the Triton interpreter
+            pytest.mark.skipif(
+                os.environ.get("TRITON_INTERPRET") != "1", reason="the fp32 check runs the kernels in the interpreter"
+            ),
+        ],
     ),
 ]
 

@@ -139,6 +139,7 @@ def test_vtc_keeps_backlogged_clients_within_the_bound_and_fcfs_does_not():
     assert max(fcfs) > bound and fcfs[-1] > fcfs[len(fcfs) // 2]  # FCFS's gap keeps growing
 
 
+@pytest.mark.slow
 def test_run_end_to_end_on_cpu_writes_the_simulators_result_file(capsys, tmp_path):
     out = tmp_path / "real.jsonl"
     code = main(

@@ -45,6 +45,7 @@ def serve(backend: LlamaBackend):
     return [torch.stack(logits[r.rid]) for r in requests], [r.output_ids for r in requests]
 
 
+@pytest.mark.slow
 def test_triton_kernels_run_the_model_like_the_torch_ops():
     dev = device()
     ops = triton_ops()

@@ -70,6 +70,7 @@ def _sample(text: str) -> dict:
 
 
 @pytest.mark.parametrize("scheduler", ["vtc", "fcfs"])
+@pytest.mark.slow
 def test_flood(scheduler):
     with running_server(pool_tokens=POOL, scheduler=scheduler) as srv:
         backlogged = flood(srv.url)

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import httpx2
+import pytest
 
 from tests.helpers.server import running_server
 
@@ -47,6 +48,7 @@ async def flood(url: str) -> list[str]:
         return await asyncio.gather(*jobs)
 
 
+@pytest.mark.slow
 def test_200_concurrent_streams_from_20_clients(tmp_path):
     clients = tmp_path / "clients.toml"
     clients.write_text(f"[clients.c0]\nrpm = {LIMITED_RPM}\n")

@@ -96,6 +96,7 @@ def clients_file(tmp_path):
     return str(write(tmp_path, "clients.toml", f"[clients.{LIMITED}]\nrpm = {LIMITED_RPM}\n"))
 
 
+@pytest.mark.slow
 def test_beyond_max_inflight_requests_get_503_with_retry_after(clients_file):
     with running_server(pool_tokens=POOL, clients_file=clients_file, max_inflight=30) as srv:
         rate_limit_check(srv.url, 2)
@@ -107,6 +108,7 @@ def test_beyond_max_inflight_requests_get_503_with_retry_after(clients_file):
     )
 
 
+@pytest.mark.slow
 def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients_file):
     max_waiting = 20
     seen_waiting = []

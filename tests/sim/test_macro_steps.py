@@ -231,6 +231,7 @@ def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt,
 @example([(5, 12, 0)], 3, 10, 12, 28)  # the candidate's own entry binds: 28 < 28 does not fit at s = 2
 @example([(5, 11, 0)], 3, 10, 11, 29)  # the running request falls behind the candidate at s = 3, and then it fits
 @settings(max_examples=2_000, deadline=None)
+@pytest.mark.slow
 def test_first_fit_on_small_batches_where_every_boundary_is_hit(shapes, prompt, output, steps, pool):
     check_first_fit(shapes, prompt, output, steps, pool, False, 0.0)
 

@@ -344,6 +344,7 @@ def dlpm_service(result) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("suite", MISBEHAVING)
+@pytest.mark.slow
 def test_on_the_misbehaving_client_suites_lpm_breaks_the_bound_and_dlpm_keeps_it(suite):
     """Both clients are backlogged until the arrivals end (test_prefix_suites.py), where the runs stop.
     U = w_e * L_input + w_q * M with M at most the pool (no batch holds more tokens): a bound on

@@ -50,6 +50,7 @@ def test_profile_residuals_are_small_on_average():
     "testbed, measured, scheduler",
     [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")],
 )
+@pytest.mark.slow
 def test_each_testbed_is_what_calibration_measures_on_its_reference_run(paper_results, testbed, measured, scheduler):
     """The shipped constants come from the documented procedure, run on the shipped data."""
     base = dataclasses.replace(A10G_STEP_MODEL, overhead_s=0.0, cold_start_s=0.0)
