@@ -1,7 +1,9 @@
 # `make figures`, `make test` and `make test-sim` each create .venv (pinned dependencies) when it is
 # missing. The simulator needs only requirements.txt; `make test` adds the real engine (torch,
-# triton), the server and Ray (sweeps). `make test-sim` runs the simulator's tests alone, without
-# torch or Ray installed (the Ray tests skip); `make test-ray` runs the sweep tests with Ray.
+# triton), the server and Ray (sweeps). `make test-fast` runs, in the same .venv, every test not
+# marked slow (figure regeneration, the macro-step corpus, processes; tests/README.md): the loop to
+# run while changing code. `make test-sim` runs the simulator's tests alone, without torch or Ray
+# installed (the Ray tests skip); `make test-ray` runs the sweep tests with Ray.
 # `make lint` checks the code with ruff (pinned in requirements.txt): lint rules and formatting.
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +12,7 @@ SIM := $(VENV)/.sim-installed
 REAL := $(VENV)/.real-installed
 RAY := $(VENV)/.ray-installed
 
-.PHONY: figures docs lint test test-sim test-ray bench clean
+.PHONY: figures docs lint test test-fast test-sim test-ray bench clean
 
 $(SIM): requirements.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +41,9 @@ lint: $(SIM)
 
 test: $(REAL) $(RAY)
 	$(PY) -m pytest -q
+
+test-fast: $(REAL) $(RAY)
+	$(PY) -m pytest -q -m "not slow"
 
 test-sim: $(SIM)
 	$(PY) -m pytest -q tests/sim

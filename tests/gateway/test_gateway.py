@@ -7,11 +7,11 @@ import json
 
 import httpx2
 import pytest
-from gateway_util import FakeUpstream, fake_upstream, gateway, upstream, wait_for
 from openai import BadRequestError, NotFoundError, OpenAI
 
 from slora_vtc.cli import main
 from slora_vtc.results import read_results
+from tests.helpers.gateway import FakeUpstream, fake_upstream, gateway, upstream, wait_for
 
 POOL = 2000
 

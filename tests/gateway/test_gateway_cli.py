@@ -1,17 +1,10 @@
 """`slora-vtc gateway` refuses bad input with one line and exit status 2, before it listens."""
 
-import socket
-
 import pytest
-from gateway_util import FakeUpstream, fake_upstream
 
 from slora_vtc.cli import main
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens there once it is closed
+from tests.helpers.gateway import FakeUpstream, fake_upstream
+from tests.helpers.server import free_port
 
 
 @pytest.mark.parametrize(
@@ -36,7 +29,7 @@ def test_bad_flags_are_one_line_and_exit_2(capsys, args, message):
 
 
 def test_an_upstream_that_does_not_answer_at_start_is_named(capsys):
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     assert main(["gateway", "--upstream", url]) == 2
     err = capsys.readouterr().err
     assert f"--upstream {url} does not answer" in err and err.count("\n") == 1

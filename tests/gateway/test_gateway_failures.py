@@ -6,7 +6,8 @@ import asyncio
 import json
 
 import httpx2
-from gateway_util import FakeUpstream, fake_upstream, gateway, upstream, wait_for
+
+from tests.helpers.gateway import FakeUpstream, fake_upstream, gateway, upstream, wait_for
 
 CLIENTS = ("a", "b", "c")
 PER_CLIENT = 8

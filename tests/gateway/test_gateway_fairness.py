@@ -20,7 +20,8 @@ import time
 
 import httpx2
 import pytest
-from gateway_util import gateway, upstream
+
+from tests.helpers.gateway import gateway, upstream
 
 REQUESTS = 24  # each client's
 IN_FLIGHT = {"light": 4, "heavy": 8}
@@ -82,6 +83,7 @@ def _service_ratio(done: dict[str, list[tuple[float, int]]]) -> float:
 
 
 @pytest.mark.parametrize("scheduler, low, high", [("vtc", 17 / 24, 24 / 17), ("fcfs", 1.5, 3.0)])
+@pytest.mark.slow
 def test_two_flooding_clients_get_equal_service_under_vtc_and_about_1_to_2_under_fcfs(upstreams, scheduler, low, high):
     with gateway(*upstreams, scheduler=scheduler, max_inflight=SLOTS_PER_UPSTREAM) as gw:
         done = asyncio.run(_flood(gw.url))
@@ -93,6 +95,7 @@ def test_two_flooding_clients_get_equal_service_under_vtc_and_about_1_to_2_under
         assert m[f'slora_gateway_requests_total{{client="{client}",outcome="finished"}}'] == REQUESTS
 
 
+@pytest.mark.slow
 def test_a_client_of_weight_2_gets_twice_the_service_under_vtc(upstreams, tmp_path):
     """Both keep 8 in flight (so that light, needing 2/3 of the four slots, is always backlogged)
     and send 48: heavy should have 24 when light has 48, within the same 7 requests as above:

@@ -10,12 +10,12 @@ import threading
 
 import httpx2
 import pytest
-from gateway_util import FakeUpstream, fake_upstream, gateway, wait_for
 from openai import OpenAI
-from server_util import running_server
 
 from slora_vtc.gateway.api import COMPLETIONS
 from slora_vtc.gateway.assemble import Assembled, Unassembled, assembles
+from tests.helpers.gateway import FakeUpstream, fake_upstream, gateway, wait_for
+from tests.helpers.server import running_server
 
 STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
 

@@ -5,17 +5,15 @@ leaves while it waits is aborted, and the queue goes on serving."""
 import asyncio
 import sys
 import time
-from pathlib import Path
 
 import httpx2
 import pytest
-from gateway_util import FakeUpstream, fake_upstream, gateway
-from server_util import running_server
 
 from slora_vtc.plugins import load_plugins
 from slora_vtc.sched import SCHEDULERS
-
-PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "round_robin.py"
+from tests.helpers.files import PLUGIN
+from tests.helpers.gateway import FakeUpstream, fake_upstream, gateway
+from tests.helpers.server import running_server
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -21,8 +21,11 @@ from slora_vtc_kernels.extend_attention import _extend_kernel  # noqa: E402
 triton_ops = ops("triton")
 DEVICES = [
     pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(not interpreted(_extend_kernel), reason="compiled Triton kernels need CUDA tensors"),
+        "cpu",  # the Triton interpreter: slow
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(not interpreted(_extend_kernel), reason="compiled Triton kernels need CUDA tensors"),
+        ],
     ),
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
 ]

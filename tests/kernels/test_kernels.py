@@ -2,7 +2,7 @@
 
 On CPU the kernels run in the Triton interpreter (conftest sets TRITON_INTERPRET=1), so every shape
 here is tiny. The `cuda` variants run the same checks on a GPU and are skipped without one; run them
-compiled with `TRITON_INTERPRET=0 pytest tests/test_kernels.py` (the cpu variants then skip).
+compiled with `TRITON_INTERPRET=0 pytest tests/kernels/test_kernels.py` (the cpu variants then skip).
 """
 
 import os
@@ -25,7 +25,13 @@ triton_ops = ops("triton")
 INTERPRETED = interpreted(_rms_norm_kernel)  # how the kernels were defined (TRITON_INTERPRET at import)
 
 DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="compiled Triton kernels need CUDA tensors")),
+    pytest.param(
+        "cpu",  # the Triton interpreter: slow
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(not INTERPRETED, reason="compiled Triton kernels need CUDA tensors"),
+        ],
+    ),
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
 ]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -75,6 +81,7 @@ def test_ops_rejects_unknown_names():
     assert BACKENDS == ("reference", "triton")
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_for_hopper_without_a_gpu():
     """GPU-only compile errors (tl.dot shapes, layouts, shared memory) that the interpreter cannot see."""
     import triton

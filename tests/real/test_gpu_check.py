@@ -18,6 +18,8 @@ import torch
 
 from slora_vtc.profile import load_profile
 
+pytestmark = pytest.mark.slow  # scripts/gpu_check.sh and the Python processes it starts
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = [

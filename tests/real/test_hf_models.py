@@ -3,13 +3,10 @@ an EOS list, tied embeddings), a `linear` RoPE-scaled Llama, Mistral and Qwen2 (
 and the one-line errors their bad variants give."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from llama_util import assert_logits_match_hf, hf_logits
 from safetensors.torch import load_file, save_file
 
 from slora_vtc.cli import main
@@ -18,8 +15,9 @@ from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.realrun import generate
+from tests.helpers.cli import assert_one_line_error, cli
+from tests.helpers.llama import assert_logits_match_hf, copy_folder, hf_logits
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = dict(
     vocab_size=128,
     hidden_size=64,
@@ -101,13 +99,6 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     for _ in range(new):
         tokens.append(int(hf_logits(model, tokens)[-1].argmax()))
     return tokens[len(prompt) :]
-
-
-def copy_folder(src: Path, dst: Path) -> Path:
-    dst.mkdir()
-    for f in src.iterdir():
-        (dst / f.name).write_bytes(f.read_bytes())
-    return dst
 
 
 def edit_config(folder: Path, **changes) -> None:
@@ -294,13 +285,6 @@ def test_windows_that_cannot_matter_are_accepted(models, tmp_path):
         resolve_spec(str(folder))
 
 
-def assert_one_line_error(code: int, err: str, *parts: str) -> None:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert all(part in lines[0] for part in parts), lines[0]
-
-
 @pytest.mark.parametrize("case", ["truncated", "string_size", "qwen2_window"])
 def test_the_cli_turns_bad_folders_into_exit_status_2(models, tmp_path, capsys, case):
     folder = bad_folder(models, tmp_path, case)
@@ -308,26 +292,10 @@ def test_the_cli_turns_bad_folders_into_exit_status_2(models, tmp_path, capsys, 
     assert_one_line_error(code, capsys.readouterr().err, BAD_FOLDERS[case][2])
 
 
+@pytest.mark.slow
 def test_a_truncated_file_is_one_line_from_a_fresh_process(models, tmp_path):
     folder = bad_folder(models, tmp_path, "truncated")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slora_vtc",
-            "generate",
-            "--model",
-            str(folder),
-            "--prompt-ids",
-            "1,2",
-            "--max-new-tokens",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = cli("generate", "--model", folder, "--prompt-ids", "1,2", "--max-new-tokens", "2")
     assert_one_line_error(
         result.returncode, result.stderr, str(folder / "model.safetensors"), "not a readable safetensors file"
     )

@@ -8,18 +8,17 @@ that has no adapter.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from llama_util import TINY_HF, real_engine, record_logits, request, save_hf_llama, tiny_backend
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, adapter_table, read_peft_adapter
 from slora_vtc.model.lora import dummy_adapter
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.request import State
+from tests.helpers.cli import assert_one_line_error, cli
+from tests.helpers.llama import TINY_HF, real_engine, record_logits, request, run_real, save_hf_llama, tiny_backend
 
 peft = pytest.importorskip("peft")
 
@@ -89,10 +88,7 @@ def serve(root, prompts, adapters, pool=1500):
     backend = tiny_backend(str(root / "base"), pool=pool, adapters=table(root))
     logits = record_logits(backend)
     requests = [request(p, NEW, adapter=a) for p, a in zip(prompts, adapters)]
-    engine = real_engine(backend, pool, clients=("a",))
-    engine.run(requests)
-    assert all(r.state is State.FINISHED for r in requests)
-    assert engine.memory.pool.num_free == pool and engine.memory.adapters == {}  # every slot is free again
+    run_real(backend, requests, pool, clients=("a",))  # every request finishes, every slot is free again
     return requests, [torch.stack(logits[r.rid]) for r in requests]
 
 
@@ -154,35 +150,29 @@ def test_pool_holds_each_resident_adapter_at_its_own_size(hf):
     assert engine.memory.pool.num_free == 1500 and all(r.state is State.FINISHED for r in requests)
 
 
+@pytest.mark.slow
 def test_generate_cli_serves_a_peft_adapter(hf):
     prompt = PROMPTS[2]
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slora_vtc",
-            "generate",
-            "--model",
-            str(hf / "base"),
-            "--lora",
-            f"r8={hf / 'r8-all'}",
-            "--use-lora",
-            "r8",
-            "--greedy",
-            "--ignore-eos",
-            "--max-new-tokens",
-            str(NEW),
-            "--prompt-ids",
-            ",".join(map(str, prompt)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = cli(
+        "generate",
+        "--model",
+        hf / "base",
+        "--lora",
+        f"r8={hf / 'r8-all'}",
+        "--use-lora",
+        "r8",
+        "--greedy",
+        "--ignore-eos",
+        "--max-new-tokens",
+        NEW,
+        "--prompt-ids",
+        ",".join(map(str, prompt)),
     )
     assert out.returncode == 0, out.stderr
     assert [int(t) for t in out.stdout.strip().split(",")] == peft_greedy(peft_model(hf, "r8-all"), prompt, NEW)[0]
 
 
+@pytest.mark.slow
 def test_run_and_profile_serve_peft_adapters(hf, tmp_path):
     from slora_vtc.cli import main
     from slora_vtc.profile import load_profile
@@ -248,12 +238,12 @@ def test_run_and_profile_serve_peft_adapters(hf, tmp_path):
 
 
 def cli_error(*args) -> str:
-    out = subprocess.run([sys.executable, "-m", "slora_vtc", *args], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr
-    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = cli(*args)
+    assert_one_line_error(out.returncode, out.stderr)
     return out.stderr
 
 
+@pytest.mark.slow
 def test_an_unknown_adapter_is_refused_not_invented(hf):
     assert "unknown LoRA adapter 'nope'" in cli_error(
         "generate", "--model", str(hf / "base"), "--use-lora", "nope", "--prompt-ids", "1,2"
@@ -264,6 +254,7 @@ def test_an_unknown_adapter_is_refused_not_invented(hf):
     assert req.state is State.REJECTED and "unknown LoRA adapter" in req.reason
 
 
+@pytest.mark.slow
 def test_bad_adapter_folders_are_refused_in_one_line(hf, tmp_path):
     base = ["generate", "--model", str(hf / "base"), "--prompt-ids", "1,2", "--use-lora", "x"]
     empty = tmp_path / "empty"
@@ -289,6 +280,7 @@ def test_bad_adapter_folders_are_refused_in_one_line(hf, tmp_path):
     assert "NAME=PATH" in cli_error(*base, "--lora", str(hf / "r4-attn"))
 
 
+@pytest.mark.slow
 def test_an_adapter_for_another_base_shape_is_refused(hf, tmp_path):
     other = save_hf_llama(tmp_path / "other", **{**TINY_HF, "hidden_size": 32, "intermediate_size": 48})
     save_adapter(other, tmp_path / "small", 4, 8, ["q_proj"], False, seed=3)

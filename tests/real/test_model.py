@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from llama_util import TINY_HF, assert_logits_match_hf, copy_folder, edit_tensors, save_hf_llama
 from safetensors.torch import load_file
 
 from slora_vtc.errors import UserError
@@ -17,6 +16,7 @@ from slora_vtc.model.spec import MODEL_SPECS, get_model_spec, resolve_spec
 from slora_vtc.model.weights import dummy_weights, load_weights
 from slora_vtc.realrun import generate
 from slora_vtc_kernels import reference
+from tests.helpers.llama import TINY_HF, assert_logits_match_hf, copy_folder, edit_tensors, save_hf_llama
 
 PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11, 16, 23], [5]]
 NEW_TOKENS = [9, 6, 12, 4]  # ragged in time too: the decode batch shrinks as requests finish

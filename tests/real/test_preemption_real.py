@@ -4,9 +4,8 @@ of a run with memory to spare and no cache (preempted requests are recomputed, c
 import random
 
 import pytest
-from llama_util import real_engine, request, save_hf_llama, tiny_backend
 
-from slora_vtc.request import State
+from tests.helpers.llama import request, run_real, save_hf_llama, tiny_backend
 
 NEW = 40
 rng = random.Random(11)
@@ -23,13 +22,10 @@ def folder(tmp_path_factory):
 
 def serve(folder, pool: int, **config):
     backend = tiny_backend(str(folder), pool=pool)
-    engine = real_engine(backend, pool, "vtc", clients=("a", "b"), **config)
     # the first request is prefilled alone; the others arrive during its first step and find its prompt cached
     requests = [request(p, NEW, client="ab"[i % 2], arrival=0.0 if i == 0 else 1e-9) for i, p in enumerate(PROMPTS)]
-    engine.run(requests)
-    assert all(r.state is State.FINISHED and r.generated == NEW for r in requests)
-    engine.memory.flush()
-    assert engine.memory.pool.num_used == 0
+    run_real(backend, requests, pool, "vtc", clients=("a", "b"), **config)  # every request finishes, the pool is free
+    assert all(r.generated == NEW for r in requests)
     return requests
 
 

@@ -17,7 +17,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from llama_util import hf_logits, record_logits, request, save_hf_llama, tiny_backend
 
 from slora_vtc.backends.llama import build_backend
 from slora_vtc.cli import main
@@ -27,6 +26,7 @@ from slora_vtc.memory import MemoryManager, TokenPool
 from slora_vtc.model.adapters import TARGETS, adapter_table
 from slora_vtc.profile import PREFIX_HITS, PrefixHitPoint, load_prefix_hits, load_profile, save_profile
 from slora_vtc.realrun import _measure_hit
+from tests.helpers.llama import hf_logits, record_logits, request, save_hf_llama, tiny_backend
 
 peft = pytest.importorskip("peft")
 
@@ -41,9 +41,12 @@ BACKENDS = [
     "torch",
     pytest.param(
         "triton",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET") != "1", reason="the fp32 check runs the kernels in the interpreter"
-        ),
+        marks=[
+            pytest.mark.slow,  # the Triton interpreter
+            pytest.mark.skipif(
+                os.environ.get("TRITON_INTERPRET") != "1", reason="the fp32 check runs the kernels in the interpreter"
+            ),
+        ],
     ),
 ]
 

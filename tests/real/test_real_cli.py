@@ -1,29 +1,13 @@
 """`slora-vtc generate`, `profile` and the real backends' options: output on good input, one-line errors on bad."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from llama_util import copy_folder, edit_tensors, save_hf_llama
 
-from slora_vtc.cli import main
 from slora_vtc.profile import load_profile
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, message):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("slora-vtc: error:"), err
-    assert message in lines[0], lines[0]
+from tests.helpers.cli import assert_one_line_error, run_cli
+from tests.helpers.llama import TINY_HF, copy_folder, edit_tensors, save_hf_llama
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +35,6 @@ def test_generate_prints_one_line_of_ids_per_prompt(capsys, hf_folder):
     assert code == 0
     lines = out.strip().splitlines()
     assert len(lines) == 2 and all(len(line.split(",")) == 7 for line in lines)
-    from llama_util import TINY_HF
-
     assert all(0 <= int(t) < TINY_HF["vocab_size"] for line in lines for t in line.split(","))
     code, again, _ = run_cli(
         capsys,

@@ -4,9 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
-from conftest import assert_clean
-from llama_util import dummies, real_engine, record_logits, request, tiny_backend
 
 from slora_vtc.cli import main
 from slora_vtc.clock import WallClock
@@ -14,6 +13,8 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.model.llama import Decode
 from slora_vtc.request import State
 from slora_vtc.results import read_results
+from tests.helpers.engine import assert_clean
+from tests.helpers.llama import dummies, real_engine, record_logits, request, tiny_backend
 
 RANK = 4
 ADAPTER_SLOTS = 4 * RANK * 2  # the tiny model is GQA: two slots per adapter row
@@ -138,6 +139,7 @@ def test_vtc_keeps_backlogged_clients_within_the_bound_and_fcfs_does_not():
     assert max(fcfs) > bound and fcfs[-1] > fcfs[len(fcfs) // 2]  # FCFS's gap keeps growing
 
 
+@pytest.mark.slow
 def test_run_end_to_end_on_cpu_writes_the_simulators_result_file(capsys, tmp_path):
     out = tmp_path / "real.jsonl"
     code = main(
@@ -181,6 +183,7 @@ def test_scaled_wall_clock():
     assert time.perf_counter() - start < 0.5
 
 
+@pytest.mark.slow
 def test_the_simulator_path_does_not_import_torch(tmp_path):
     code = (
         "import sys; from slora_vtc.cli import main; "

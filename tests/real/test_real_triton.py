@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-from llama_util import real_engine, record_logits, request, tiny_backend
 
 from slora_vtc.backends.llama import LlamaBackend
 from slora_vtc.errors import UserError
@@ -16,6 +15,7 @@ from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable
 from slora_vtc.model.llama import Llama
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
+from tests.helpers.llama import record_logits, request, run_real, tiny_backend
 
 PROMPTS = [[1, 17, 5, 99, 3, 42, 7], [1, 64, 3], [1, 9, 9, 120, 33, 2, 2, 80, 15, 4, 11], [1, 5, 6, 7]]
 ADAPTERS = ["r2", None, "r4-all", "r2"]
@@ -41,10 +41,11 @@ def device() -> str:
 def serve(backend: LlamaBackend):
     logits = record_logits(backend)
     requests = [request(p, 4, adapter=a) for p, a in zip(PROMPTS, ADAPTERS)]
-    real_engine(backend, pool=400, clients=("a",)).run(requests)
+    run_real(backend, requests, pool=400, clients=("a",))
     return [torch.stack(logits[r.rid]) for r in requests], [r.output_ids for r in requests]
 
 
+@pytest.mark.slow
 def test_triton_kernels_run_the_model_like_the_torch_ops():
     dev = device()
     ops = triton_ops()

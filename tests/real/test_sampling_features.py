@@ -3,12 +3,12 @@ by hand), raw logprobs (against a transformers model), per-request seeds (alone,
 
 import pytest
 import torch
-from llama_util import hf_logits, real_engine, record_logits, request, save_hf_llama, tiny_backend
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.sampler import BatchSampler
 from slora_vtc.model.sampling import SamplingParams, apply_penalties
 from slora_vtc.request import Request, State
+from tests.helpers.llama import hf_logits, record_logits, request, run_real, save_hf_llama, tiny_backend
 
 PROMPTS = [[1, 5, 6, 7, 5, 9], [1, 9, 9, 4], [1, 4, 30, 31, 32, 33, 34, 35], [1, 17]]
 
@@ -20,14 +20,11 @@ def hf(tmp_path_factory):
 
 
 def run(backend, samplings, new: int = 8, pool: int = 400, prompts=PROMPTS, **config):
-    engine = real_engine(backend, pool, "vtc", clients=("a", "b"), **config)
     reqs = [request(p, new, client="ab"[i % 2]) for i, p in enumerate(prompts)]
     for r, s in zip(reqs, samplings):
         r.sampling = s
-    engine.run(reqs)
-    assert all(r.state is State.FINISHED and r.generated == new for r in reqs)
-    engine.memory.flush()
-    assert engine.memory.pool.num_used == 0
+    run_real(backend, reqs, pool, "vtc", clients=("a", "b"), **config)  # every request finishes, the pool is free
+    assert all(r.generated == new for r in reqs)
     return reqs
 
 

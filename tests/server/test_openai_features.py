@@ -10,16 +10,16 @@ import time
 import httpx2
 import pytest
 import torch
-from conftest import make_engine, req
 from hypothesis import given
 from hypothesis import strategies as st
-from llama_util import hf_logits, save_hf_llama
 from openai import BadRequestError, OpenAI, RateLimitError
-from server_util import running_server
 
 from slora_vtc.request import State
 from slora_vtc.sched import build_scheduler
 from slora_vtc.server.stops import StopMatcher
+from tests.helpers.engine import make_engine, req
+from tests.helpers.llama import hf_logits, save_hf_llama
+from tests.helpers.server import running_server
 
 POOL = 2000
 TINY_SPECIALS = (

@@ -8,7 +8,8 @@ import time
 import httpx2
 import pytest
 from openai import BadRequestError, OpenAI
-from server_util import running_server
+
+from tests.helpers.server import running_server
 
 POOL = 2000
 

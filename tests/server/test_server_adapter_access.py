@@ -2,15 +2,14 @@
 loads nothing); with API keys, only those the client's entry allows (its adapter, its `adapters`, and
 [default]'s `adapters`), others a 403 — through /generate's lora_dir and the OpenAI API's model alike."""
 
-import textwrap
-
 import httpx2
 import pytest
-from server_util import running_server
 
 from slora_vtc.errors import UserError
 from slora_vtc.server.context import ServerConfig, build_context
 from slora_vtc.serving.clients import load_clients
+from tests.helpers.files import write
+from tests.helpers.server import running_server
 
 KEYED = """
 [default]
@@ -27,12 +26,6 @@ api_key = "key-b"
 # worked out from the file: alice may name dummy-0 (hers), dummy-1 (listed), dummy-2 ([default]); bob only dummy-2
 MAY = {"key-a": {"dummy-0", "dummy-1", "dummy-2"}, "key-b": {"dummy-2"}}
 SERVED = [f"dummy-{i}" for i in range(4)]
-
-
-def write(tmp_path, text: str) -> str:
-    path = tmp_path / "clients.toml"
-    path.write_text(textwrap.dedent(text))
-    return str(path)
 
 
 def generate(url: str, lora_dir: str | None, key: str | None = None) -> httpx2.Response:
@@ -76,7 +69,9 @@ def test_a_lora_dir_that_is_a_path_or_unknown_gets_400_and_loads_nothing(tmp_pat
 
 
 def test_with_keys_a_client_names_only_the_adapters_its_entry_allows(tmp_path):
-    with running_server(pool_tokens=3000, dummy_adapters=len(SERVED), clients_file=write(tmp_path, KEYED)) as srv:
+    with running_server(
+        pool_tokens=3000, dummy_adapters=len(SERVED), clients_file=str(write(tmp_path, "clients.toml", KEYED))
+    ) as srv:
         for key, allowed in MAY.items():
             for name in SERVED:
                 for r in (generate(srv.url, name, key), completion(srv.url, name, key)):
@@ -104,11 +99,11 @@ def test_with_keys_a_client_names_only_the_adapters_its_entry_allows(tmp_path):
 )
 def test_bad_adapters_lists_are_refused(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
-        load_clients(write(tmp_path, text))
+        load_clients(write(tmp_path, "clients.toml", text))
 
 
 def test_an_adapters_list_naming_an_adapter_the_server_lacks_is_refused(tmp_path):
-    path = write(tmp_path, "[default]\nadapters = ['dummy-5']\n")
+    path = str(write(tmp_path, "clients.toml", "[default]\nadapters = ['dummy-5']\n"))
     with pytest.raises(
         UserError, match=r"\[default\] uses LoRA adapter 'dummy-5', which this server does not have \(known: dummy-0\)"
     ):

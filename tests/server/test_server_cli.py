@@ -1,22 +1,17 @@
 """`slora-vtc serve` as a process (clean shutdown on SIGINT / SIGTERM) and `slora-vtc bench-http`."""
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 
 import httpx2
 import pytest
-from conftest import REPO
-from server_util import running_server
 
 from slora_vtc.cli import main
 from slora_vtc.results import read_results
 from slora_vtc.server.bench import BenchConfig, run_bench
+from tests.helpers.files import REPO
+from tests.helpers.server import free_port, running_server, start_server, wait_healthy
 
 
 # -- bench-http ----------------------------------------------------------------------------------
@@ -71,52 +66,13 @@ def test_bench_http_where_every_request_fails_says_why(tmp_path, capsys):
 def test_bench_http_bad_input(tmp_path):
     trace = write_trace(tmp_path / "t.jsonl", [("a", 4, 4, 0.0)])
     assert main(["bench-http", str(trace), "--url", "localhost:1"]) == 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(Exception, match="no server answers"):
-        run_bench(BenchConfig(str(trace), f"http://127.0.0.1:{port}"))
+        run_bench(BenchConfig(str(trace), f"http://127.0.0.1:{free_port()}"))
 
 
 # -- serve as a process ----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "slora_vtc",
-        "serve",
-        "--port",
-        str(port),
-        "--pool-tokens",
-        "3000",
-        "--drain-timeout",
-        "1",
-        *extra,
-    ]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            if httpx2.get(f"{url}/health").status_code == 200:
-                return
-        except httpx2.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the server did not come up")
-
-
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+@pytest.mark.slow
 def test_signal_drains_then_aborts_and_exits(sig, code):
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -1,16 +1,15 @@
 """Client identity, API keys, weights, RPM limits and adapters from the clients file."""
 
-import textwrap
-
 import httpx2
 import pytest
 from openai import AuthenticationError, OpenAI, RateLimitError
-from server_util import running_server
 
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC, RateLimited, build_scheduler
 from slora_vtc.serving.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
+from tests.helpers.files import write
+from tests.helpers.server import running_server
 
 CLIENTS = """
 [default]
@@ -27,15 +26,9 @@ rpm = 2
 """
 
 
-def write(tmp_path, text: str):
-    path = tmp_path / "clients.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
 # -- the file and identity -------------------------------------------------------------------------
 def test_load_clients(tmp_path):
-    clients = load_clients(write(tmp_path, CLIENTS))
+    clients = load_clients(write(tmp_path, "clients.toml", CLIENTS))
     assert clients.keys_required
     assert clients.by_key("key-a").weight == 2.0 and clients.by_key("key-a").adapter == "dummy-0"
     assert clients.by_key("key-b").rpm == 2
@@ -69,7 +62,7 @@ def test_identity_without_keys():
 )
 def test_bad_clients_files(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
-        load_clients(write(tmp_path, text))
+        load_clients(write(tmp_path, "clients.toml", text))
 
 
 def test_example_clients_file_loads():
@@ -78,12 +71,12 @@ def test_example_clients_file_loads():
 
 
 def test_scheduler_for_applies_weights_and_limits(tmp_path):
-    sched = scheduler_for("vtc", load_clients(write(tmp_path, CLIENTS)))
+    sched = scheduler_for("vtc", load_clients(write(tmp_path, "clients.toml", CLIENTS)))
     assert isinstance(sched, RateLimited) and isinstance(sched.inner, VTC)
     assert sched.inner.weights == {"alice": 2.0}
     assert sched.limit_of("bob") == 2 and sched.limit_of("someone") == 1000
     with pytest.raises(UserError, match="client weights need a VTC scheduler"):
-        scheduler_for("fcfs", load_clients(write(tmp_path, CLIENTS)))
+        scheduler_for("fcfs", load_clients(write(tmp_path, "clients.toml", CLIENTS)))
 
 
 def test_rate_limited_wrapper_counts_accepted_arrivals_per_client():
@@ -156,7 +149,7 @@ def test_a_clients_file_naming_an_adapter_the_server_lacks_is_refused(tmp_path):
     from slora_vtc.server.context import ServerConfig, build_context
 
     with pytest.raises(UserError, match="client 'alice' uses LoRA adapter 'dummy-0', which this server does not have"):
-        build_context(ServerConfig(clients_file=str(write(tmp_path, CLIENTS)), pool_tokens=2000))
+        build_context(ServerConfig(clients_file=str(write(tmp_path, "clients.toml", CLIENTS)), pool_tokens=2000))
 
 
 def test_generate_naming_an_unknown_lora_dir_gets_400(keyed):

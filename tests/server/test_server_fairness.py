@@ -10,7 +10,8 @@ import threading
 
 import httpx2
 import pytest
-from server_util import running_server
+
+from tests.helpers.server import running_server
 
 POOL = 300  # about 4 requests at a time: saturated from the first arrivals on
 PROMPT, OUTPUT = 8, 64
@@ -69,6 +70,7 @@ def _sample(text: str) -> dict:
 
 
 @pytest.mark.parametrize("scheduler", ["vtc", "fcfs"])
+@pytest.mark.slow
 def test_flood(scheduler):
     with running_server(pool_tokens=POOL, scheduler=scheduler) as srv:
         backlogged = flood(srv.url)

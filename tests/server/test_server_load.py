@@ -6,7 +6,9 @@ import asyncio
 import json
 
 import httpx2
-from server_util import running_server
+import pytest
+
+from tests.helpers.server import running_server
 
 CLIENTS, PER_CLIENT = 20, 10
 LIMITED_RPM = 5  # client c0: its last 5 requests are refused
@@ -46,6 +48,7 @@ async def flood(url: str) -> list[str]:
         return await asyncio.gather(*jobs)
 
 
+@pytest.mark.slow
 def test_200_concurrent_streams_from_20_clients(tmp_path):
     clients = tmp_path / "clients.toml"
     clients.write_text(f"[clients.c0]\nrpm = {LIMITED_RPM}\n")

@@ -7,12 +7,9 @@ import time
 
 import httpx2
 import pytest
-from server_util import parse_metrics, running_server
 
 from slora_vtc.backends.sim import SimBackend, StepTimeModel
-from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
-from slora_vtc.config import EngineConfig
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC
 from slora_vtc.server.events import Ended, Subscriber
@@ -21,6 +18,8 @@ from slora_vtc.server.service import EngineService
 from slora_vtc.server.stats import ServerStats
 from slora_vtc.serving.ledger import RELABEL_S
 from slora_vtc.serving.window import ServiceWindow
+from tests.helpers.engine import make_engine
+from tests.helpers.server import parse_metrics, running_server
 
 BUILD = BuildInfo("0", "vtc", "sim")
 
@@ -41,7 +40,7 @@ PREFILL_S, DECODE_S = 0.4, 0.2
 def sim_service(pool: int, **settings) -> tuple[EngineService, VirtualClock]:
     clock = VirtualClock()
     model = StepTimeModel(prefill_coef=(PREFILL_S, 0.0, 0.0), decode_coef=(DECODE_S, 0.0, 0.0))
-    engine = build_engine(EngineConfig(pool_tokens=pool, lora_rank=0), VTC(), SimBackend(model), clock)
+    engine = make_engine(VTC(), SimBackend(model), clock=clock, pool_tokens=pool)
     return EngineService(engine, **settings), clock
 
 

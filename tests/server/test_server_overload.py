@@ -11,9 +11,10 @@ import socket
 
 import httpx2
 import pytest
-from server_util import running_server
 
 from slora_vtc.server.run import backlog_note, server_for
+from tests.helpers.files import write
+from tests.helpers.server import running_server
 
 CLIENTS, PER_CLIENT = 24, 10
 PROMPT, MAX_TOKENS = 4, 60
@@ -92,11 +93,10 @@ def rate_limit_check(url: str, extra: int) -> None:
 
 @pytest.fixture
 def clients_file(tmp_path):
-    path = tmp_path / "clients.toml"
-    path.write_text(f"[clients.{LIMITED}]\nrpm = {LIMITED_RPM}\n")
-    return str(path)
+    return str(write(tmp_path, "clients.toml", f"[clients.{LIMITED}]\nrpm = {LIMITED_RPM}\n"))
 
 
+@pytest.mark.slow
 def test_beyond_max_inflight_requests_get_503_with_retry_after(clients_file):
     with running_server(pool_tokens=POOL, clients_file=clients_file, max_inflight=30) as srv:
         rate_limit_check(srv.url, 2)
@@ -108,6 +108,7 @@ def test_beyond_max_inflight_requests_get_503_with_retry_after(clients_file):
     )
 
 
+@pytest.mark.slow
 def test_beyond_max_waiting_requests_get_503_and_the_queue_stays_bounded(clients_file):
     max_waiting = 20
     seen_waiting = []

@@ -8,7 +8,11 @@ import threading
 import time
 
 import httpx2
-from test_server_cli import free_port, start_server, wait_healthy
+import pytest
+
+from tests.helpers.server import free_port, start_server, wait_healthy
+
+pytestmark = pytest.mark.slow  # `slora-vtc serve` as a process
 
 STREAMS, WHOLE = 4, 3  # streaming /v1/completions, then non-streaming /v1/completions and /generate
 LONG = 4000  # tokens: seconds of decoding for the batch, far more than the time between the two signals

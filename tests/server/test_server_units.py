@@ -6,8 +6,6 @@ import os
 
 import pytest
 import torch
-from llama_util import real_engine, save_hf_llama, tiny_backend
-from server_util import running_server
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.sampling_params import SamplingParams
@@ -17,6 +15,8 @@ from slora_vtc.server.events import Accepted, Ended, Subscriber, Tokens
 from slora_vtc.server.service import EngineService, ServiceStopped
 from slora_vtc.server.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDecoder, load_tokenizer
 from slora_vtc.serving.protocol import ChatRequest, CompletionRequest
+from tests.helpers.llama import real_engine, save_hf_llama, tiny_backend
+from tests.helpers.server import running_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

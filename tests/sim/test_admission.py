@@ -4,13 +4,13 @@ check"), against hand-computed cases."""
 from itertools import accumulate
 
 import pytest
-from conftest import config, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.config import EngineConfig
 from slora_vtc.memory import Budget, fits_alone
 from slora_vtc.memory.admission import peak_need
+from tests.helpers.engine import config, req
 
 
 def running(prompt, max_new, generated, adapter=None):

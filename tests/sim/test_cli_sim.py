@@ -1,24 +1,15 @@
 """The command line: results on good input, one-line errors (exit status 2) on bad input."""
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from slora_vtc.cli import main
 from slora_vtc.results import read_results
 from slora_vtc.sched import SCHEDULERS
 from slora_vtc.suites import SUITES
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.helpers.cli import assert_one_line_error, cli, run_cli
+from tests.helpers.files import REPO
 
 
 @pytest.mark.parametrize(
@@ -70,10 +61,7 @@ def run_cli(capsys, *argv):
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)  # a run would write results/ here
     code, out, err = run_cli(capsys, *argv)
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err
-    assert lines[0].startswith("slora-vtc: error:") and message in lines[0]
+    assert_one_line_error(code, err, message)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -142,23 +130,16 @@ def test_list_names_every_suite_and_scheduler(capsys):
     assert set(SCHEDULERS) <= words
 
 
+@pytest.mark.slow
 def test_python_dash_m_list():
-    env = {**os.environ, "MPLBACKEND": "Agg"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "slora_vtc", "list"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = cli("list", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "overload" in proc.stdout and "vtc" in proc.stdout
 
 
+@pytest.mark.slow
 def test_python_dash_m_bad_suite():
-    proc = subprocess.run(
-        [sys.executable, "-m", "slora_vtc", "run", "--suite", "nope", "--scheduler", "vtc"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = cli("run", "--suite", "nope", "--scheduler", "vtc", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "slora-vtc: error: unknown suite 'nope' (known: " + ", ".join(SUITES) + ")"
@@ -225,6 +206,7 @@ def test_tables_fit_80_columns_and_name_their_units(capsys):
     assert "time to first token" in out and "service/s" in out and "tokens served per second" in out
 
 
+@pytest.mark.slow
 def test_list_piped_into_head_is_not_an_error():
     proc = subprocess.run(
         f"{sys.executable} -m slora_vtc list | head -2",

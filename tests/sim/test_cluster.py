@@ -252,6 +252,7 @@ def skewed_requests(n: int = 1600) -> list[Request]:
     return [Request("a" if i % 4 == 0 else "b", 100, 100, 0.0, adapter="a" if i % 4 == 0 else "b") for i in range(n)]
 
 
+@pytest.mark.slow
 def test_round_robin_with_per_replica_vtc_breaks_the_bound_on_a_skewed_ingress():
     pools = [2000] * 4
     requests = skewed_requests()

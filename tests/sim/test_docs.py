@@ -7,11 +7,11 @@ import os
 import re
 
 import pytest
-from conftest import REPO
 
 from slora_vtc.docs import DOCS, INCLUDE, NUMBER, Numbers, refresh_docs, refresh_text
 from slora_vtc.errors import UserError
 from slora_vtc.figures import render_figures
+from tests.helpers.files import REPO
 
 # numbers written in prose that are settings, definitions or arithmetic on them, not measurements
 NOT_MEASURED = {
@@ -84,6 +84,7 @@ def test_a_broken_marker_names_file_and_line(text, message):
         refresh_text(text, Numbers(REPO), "doc.md")
 
 
+@pytest.mark.slow
 def test_committed_numbers_are_what_the_code_writes(tmp_path):
     """Regenerate every figure: numbers.json and the table fragments must equal the committed ones."""
     render_figures(None, tmp_path, jobs=os.cpu_count() or 1)

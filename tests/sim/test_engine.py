@@ -4,11 +4,11 @@ FixedBackend: every prefill takes 1.0 s, every decode step 0.1 s.
 """
 
 import pytest
-from conftest import FixedBackend, assert_clean, make_engine, req
 
 from slora_vtc.backends.base import StepResult
 from slora_vtc.request import State
 from slora_vtc.sched import FCFS, build_scheduler
+from tests.helpers.engine import FixedBackend, assert_clean, make_engine, req
 
 
 class CountingFCFS(FCFS):

@@ -1,22 +1,13 @@
 """docs/extending.md's worked example: a scheduler registered from outside the package, run
 through the command line exactly as the document shows."""
 
-import os
-import subprocess
-import sys
-
-from conftest import REPO
+import pytest
 
 from slora_vtc.results import read_results
+from tests.helpers.cli import cli
+from tests.helpers.files import PLUGIN
 
-PLUGIN = REPO / "examples" / "plugins" / "round_robin.py"
-
-
-def cli(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MPLBACKEND": "Agg"}
-    return subprocess.run(
-        [sys.executable, "-m", "slora_vtc", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+pytestmark = pytest.mark.slow  # every test starts `python -m slora_vtc` as a process
 
 
 def admitted_by(result, client: str, t: float) -> int:
@@ -59,14 +50,7 @@ def test_the_plugin_is_listed_and_unknown_plugins_are_one_line_errors():
     )
     unknown = cli("--plugin", "no_such_module_here", "list")
     assert unknown.returncode == 2 and "no such module" in unknown.stderr
-    env_plugin = subprocess.run(
-        [sys.executable, "-m", "slora_vtc", "list"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "SLORA_VTC_PLUGINS": str(PLUGIN)},
-    )
+    env_plugin = cli("list", timeout=120, SLORA_VTC_PLUGINS=str(PLUGIN))
     assert env_plugin.returncode == 0 and "round robin over clients" in env_plugin.stdout
 
 

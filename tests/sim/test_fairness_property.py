@@ -5,12 +5,12 @@ Two clients that are both backlogged (always have waiting requests) must stay wi
 VTC counters and in the service actually delivered (prompt at prefill, w_q per output token).
 """
 
-from conftest import make_engine, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.request import State
 from slora_vtc.sched import build_scheduler
+from tests.helpers.engine import make_engine, req
 
 POOL = 600
 W_P, W_Q = 1, 2

@@ -8,6 +8,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.figures import FIGURES, render_figures
 
 
+@pytest.mark.slow
 def test_renders_pngs_and_merges_numbers(tmp_path):
     paths = render_figures(["cost_profile", "weighted"], tmp_path, jobs=1)
     assert {p.name for p in paths} == {"cost_profile.png", "weighted.png", "numbers.json"}

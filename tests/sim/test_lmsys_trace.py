@@ -1,13 +1,13 @@
 """The paper's LMSYS trace on the simulator: the real-trace claims, and the replay / trace CLI."""
 
 import pytest
-from conftest import ARENA_FIXTURE, lmsys_trace
 
 from slora_vtc import metrics
 from slora_vtc.cli import main
 from slora_vtc.experiment import Experiment
 from slora_vtc.results import read_results
 from slora_vtc.runner import run_experiment
+from tests.helpers.files import ARENA_FIXTURE, lmsys_trace
 
 FIXTURE = str(ARENA_FIXTURE)
 

@@ -7,15 +7,12 @@ steps, the budget's first fit after k steps, VTC's first waiting client after k 
 
 import copy
 import random
-from dataclasses import replace
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from sched_util import FakeBudget
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
-from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
@@ -26,6 +23,8 @@ from slora_vtc.request import Request, State
 from slora_vtc.results import RunResult
 from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
+from tests.helpers.engine import make_engine
+from tests.helpers.sched import FakeBudget
 
 # (suite, scheduler, other settings): every scheduler family, both costs, both admissions, the
 # prefix cache with its schedulers, and the real trace
@@ -56,6 +55,7 @@ def run(exp: Experiment, macro_steps: bool) -> RunResult:
 
 
 @pytest.mark.parametrize("suite,scheduler,settings", CASES, ids=[f"{s}-{p}-{'-'.join(o)}" for s, p, o in CASES])
+@pytest.mark.slow
 def test_the_result_file_is_that_of_single_steps(suite, scheduler, settings):
     exp = Experiment.of(
         suite=suite,
@@ -95,9 +95,10 @@ class CountingSim(SimBackend):
 def overload_engine(macro_steps: bool, scheduler: str = "vtc") -> tuple[Engine, CountingSim, list[Request]]:
     exp = Experiment.of(suite="overload", scheduler=scheduler, duration=60)
     workload = exp.workload.build()
-    config = replace(exp.engine_config(), macro_steps=macro_steps)
     backend = CountingSim()
-    engine = build_engine(config, build_scheduler(scheduler, list(workload.clients)), backend, VirtualClock())
+    engine = make_engine(
+        scheduler, backend, clients=workload.clients, base=exp.engine_config(), macro_steps=macro_steps
+    )
     return engine, backend, exp.requests(workload)
 
 
@@ -230,6 +231,7 @@ def test_first_fit_is_the_first_step_after_which_try_add_accepts(shapes, prompt,
 @example([(5, 12, 0)], 3, 10, 12, 28)  # the candidate's own entry binds: 28 < 28 does not fit at s = 2
 @example([(5, 11, 0)], 3, 10, 11, 29)  # the running request falls behind the candidate at s = 3, and then it fits
 @settings(max_examples=2_000, deadline=None)
+@pytest.mark.slow
 def test_first_fit_on_small_batches_where_every_boundary_is_hit(shapes, prompt, output, steps, pool):
     check_first_fit(shapes, prompt, output, steps, pool, False, 0.0)
 

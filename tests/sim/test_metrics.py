@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from conftest import result_of
 
 from slora_vtc import metrics
 from slora_vtc.cost import ProfiledCost
+from tests.helpers.engine import result_of
 
 # a: service 10 + 2 * 5 = 20 spread over [2, 6]; b: 4 + 2 * 3 = 10 over [2, 4]; the rejected one counts nowhere
 TINY = result_of(

@@ -9,12 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ARENA_FIXTURE
 
 from slora_vtc.cli import main
 from slora_vtc.traces import read_trace, trace_workload
 from slora_vtc.traces.build import build_trace
 from slora_vtc.traces.tokenize import approx_count
+from tests.helpers.files import ARENA_FIXTURE
 
 
 def words(n: int) -> str:

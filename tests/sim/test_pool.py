@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from conftest import FixedBackend, assert_clean, make_engine, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +12,7 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.memory import MemoryManager, PoolExhausted, TokenPool
 from slora_vtc.sched import build_scheduler
 from slora_vtc.suites import get_suite
+from tests.helpers.engine import FixedBackend, assert_clean, make_engine, req
 
 
 def test_alloc_and_free_restore_the_pool():

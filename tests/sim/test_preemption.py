@@ -2,7 +2,6 @@
 what it recomputes; with memory to spare it changes nothing."""
 
 import pytest
-from sched_util import Plain
 
 from slora_vtc.backends.sim import sim_backend
 from slora_vtc.builder import build_engine
@@ -14,6 +13,8 @@ from slora_vtc.request import Request, State
 from slora_vtc.runner import run_experiment
 from slora_vtc.sched import Delegating, build_scheduler
 from slora_vtc.sched.base import Scheduler
+from tests.helpers.engine import run_engine
+from tests.helpers.sched import Plain
 
 
 class Recorder(Delegating):
@@ -34,17 +35,10 @@ def overcommitted(n=12, prompt=100, new=800) -> list[Request]:
 
 
 def run(requests, scheduler="fcfs", pool=3000, admission="optimistic", cache=False):
-    sched = build_scheduler(scheduler, ["c0", "c1"])
-    recorder = Recorder(sched)
-    ended = []
-    engine = build_engine(
-        EngineConfig(pool_tokens=pool, lora_rank=0, admission=admission, prefix_cache=cache),
-        recorder,
-        sim_backend(),
-        VirtualClock(),
-        on_end=ended.append,
+    recorder = Recorder(build_scheduler(scheduler, ["c0", "c1"]))
+    engine, ended = run_engine(
+        recorder, requests, sim_backend(), pool_tokens=pool, admission=admission, prefix_cache=cache
     )
-    engine.run(requests)
     return engine, recorder, ended
 
 
@@ -95,16 +89,10 @@ def test_a_scheduler_that_cannot_take_requests_back_is_refused_under_optimistic_
 
 def test_a_horizon_aborts_what_is_left_and_frees_the_pool():
     requests = overcommitted()
-    ended = []
-    engine = build_engine(
-        EngineConfig(pool_tokens=3000, lora_rank=0, prefix_cache=True),
-        build_scheduler("vtc", ["c0", "c1"]),
-        sim_backend(),
-        VirtualClock(),
-        on_end=ended.append,
-    )
     late = Request("c0", 10, 10, 500.0, rid=99)  # arrives after the horizon: never sent, aborted too
-    engine.run([*requests, late], until=5.0)
+    engine, ended = run_engine(
+        "vtc", [*requests, late], sim_backend(), clients=["c0", "c1"], pool_tokens=3000, prefix_cache=True, until=5.0
+    )
     assert sorted(r.rid for r in ended) == [*range(12), 99]
     finished = [r for r in ended if r.state is State.FINISHED]
     assert not finished and all(r.state is State.ABORTED for r in ended)  # 800 tokens take far more than 5 s

@@ -5,8 +5,6 @@ optimistic admission: every request ends once and the counters add up."""
 import random
 
 import pytest
-from conftest import FixedBackend
-from sched_util import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
 
 from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
@@ -14,6 +12,8 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
 from slora_vtc.sched.vtc_predict import OraclePredictor, PredictingVTC
+from tests.helpers.engine import FixedBackend, run_engine
+from tests.helpers.sched import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
 
 
 def admit(sched, budget=None):
@@ -24,7 +24,7 @@ def admit(sched, budget=None):
 def test_fcfs_puts_preempted_requests_back_in_arrival_order():
     fcfs = FCFS()
     rs = reqs(*[("a", 10, 5)] * 4)
-    arrive(fcfs, rs)
+    arrive(fcfs, *rs)
     assert rids(admit(fcfs, FakeBudget(room=20))) == [0, 1]
     run_token(rs[0], rs[1])
     assert fcfs.choose_victim([rs[0], rs[1]], 0.0) is rs[1]  # the latest arrival
@@ -55,12 +55,12 @@ def test_rate_limited_delegates_preemption_and_does_not_count_it_as_an_arrival()
 def test_lpm_puts_a_preempted_request_back_and_its_cached_prefix_puts_it_first():
     lpm = LPM()
     rs = reqs(*[("a", 100, 50)] * 3)
-    arrive(lpm, rs)
+    arrive(lpm, *rs)
     assert rids(admit(lpm, FakeBudget(room=100))) == [0]
     run_token(rs[0])
     lpm.on_preempt(rs[0], 0.0)
     assert rids(lpm.drain()) == [0, 1, 2]  # arrival order
-    arrive(lpm, rs[1:])
+    arrive(lpm, *rs[1:])
     lpm.on_preempt(rs[0], 0.0)
     assert rids(admit(lpm, FakeBudget({0: 100}, room=1))) == [0]  # 101 tokens, 100 cached
 
@@ -72,7 +72,7 @@ def test_vtc_takes_a_preempted_request_back_without_a_lift_or_a_second_admission
     prefill yields token 2, charged 2, as the decode step it replaces would have been."""
     vtc = VTC()
     a1, b1, b2 = reqs(("a", 10, 5), ("b", 50, 5), ("b", 50, 5))
-    arrive(vtc, [a1, b1, b2])
+    arrive(vtc, a1, b1, b2)
     assert rids(admit(vtc, FakeBudget(room=60))) == [0, 1]
     run_token(a1, b1)
     vtc.on_preempt(a1, 0.0)
@@ -93,7 +93,7 @@ def test_vtc_charges_a_preempted_request_what_an_unpreempted_one_costs():
     prefill's token 2 is not charged again. 10 + 2 * (5 - 1) = 18 either way."""
     vtc = VTC()
     (r,) = reqs(("a", 10, 5))
-    arrive(vtc, [r])
+    arrive(vtc, r)
     admit(vtc)
     run_token(r)
     vtc.on_decode_step([r], 0.0)  # token 2 charged: 12
@@ -112,7 +112,7 @@ def test_vtc_charge_recompute_charges_the_recomputed_tokens_as_input(weight):
     Charges: 10 + 2 + 2 (tokens 2, 3) + 8 + 2 (token 4) = 24, divided by the client's weight."""
     vtc = VTC(weights={"a": weight}, charge_recompute=True)
     (r,) = reqs(("a", 10, 5))
-    arrive(vtc, [r])
+    arrive(vtc, r)
     admit(vtc)
     run_token(r)
     for _ in range(2):
@@ -126,7 +126,7 @@ def test_vtc_charge_recompute_charges_the_recomputed_tokens_as_input(weight):
 def test_vtc_victim_is_the_latest_arrival_of_the_client_with_the_largest_counter():
     vtc = VTC()
     a1, b1, a2, b2 = reqs(("a", 100, 5), ("b", 50, 5), ("a", 10, 5), ("b", 10, 5))
-    arrive(vtc, [a1, b1, a2, b2])
+    arrive(vtc, a1, b1, a2, b2)
     admit(vtc)  # a1 (a = 100), b1 (b = 50), b2 (b = 60), a2 (a = 110)
     assert vtc.counters() == {"a": 110, "b": 60}
     assert vtc.choose_victim([a1, b1, a2, b2], 0.0) is a2
@@ -140,7 +140,7 @@ def test_vtc_settles_a_preempted_request_that_ends_while_waiting(end):
     refunded down to h(10, 2) = 14, and nothing is kept for it."""
     vtc = PredictingVTC(OraclePredictor())
     (r,) = reqs(("a", 10, 5))
-    arrive(vtc, [r])
+    arrive(vtc, r)
     admit(vtc)
     run_token(r)
     vtc.on_decode_step([r], 0.0)
@@ -158,7 +158,7 @@ def test_dlpm_readmits_a_preempted_request_charging_its_next_token_and_recompute
     for recompute, expected in [(False, 64), (True, 53)]:
         dlpm = DLPM(quantum=100, charge_recompute=recompute)
         (r,) = reqs(("a", 30, 5))
-        arrive(dlpm, [r])
+        arrive(dlpm, r)
         admit(dlpm)
         run_token(r)
         dlpm.on_decode_step([r], 0.0)
@@ -174,7 +174,7 @@ def test_dlpm_readmits_a_preempted_request_only_with_credit():
     is preempted: b has credit, so a1 is passed over while b2 and b3 are offered."""
     dlpm = DLPM(quantum=40)
     a1, b1, b2, b3 = reqs(("a", 30, 9), ("b", 10, 9), ("b", 10, 9), ("b", 10, 9))
-    arrive(dlpm, [a1, b1])
+    arrive(dlpm, a1, b1)
     admit(dlpm)
     run_token(a1, b1)
     for _ in range(5):
@@ -183,7 +183,7 @@ def test_dlpm_readmits_a_preempted_request_only_with_credit():
     assert dlpm.deficits() == {"a": -2, "b": 28}
     assert dlpm.choose_victim([a1, b1], 0.0) is a1  # the lowest deficit
     dlpm.on_preempt(a1, 0.0)
-    arrive(dlpm, [b2, b3])
+    arrive(dlpm, b2, b3)
     budget = FakeBudget(room=10)
     assert rids(admit(dlpm, budget)) == [2]  # b: 28 - 12 = 16; then b3 does not fit
     assert budget.offered == [2, 3]  # a1, first in arrival order, was not offered
@@ -193,7 +193,7 @@ def test_dlpm_readmits_a_preempted_request_only_with_credit():
 def test_dlpm_forgets_a_preempted_request_aborted_while_waiting():
     dlpm = DLPM(quantum=100)
     (r,) = reqs(("a", 30, 5))
-    arrive(dlpm, [r])
+    arrive(dlpm, r)
     admit(dlpm)
     run_token(r)
     dlpm.on_preempt(r, 0.0)
@@ -227,16 +227,12 @@ def serve(
 ):
     """Run to the end; return the scheduler, each request's first-prefill cached tokens, and
     every deficit map DLPM had after a step."""
-    clock = VirtualClock()
     sched = build_scheduler(spec, CLIENTS, options)
-    config = EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=prefix, admission=admission)
-    ended: list[Request] = []
-    engine = build_engine(config, sched, FixedBackend(clock=clock), clock, on_end=ended.append)
     first_cached: dict[int, int] = {}
     deficits: list[dict[str, float]] = []
     most_output_running = [0]
 
-    def on_step():
+    def on_step(engine):
         for r in requests:
             if r.generated and r.rid not in first_cached:
                 first_cached[r.rid] = r.cached_len
@@ -246,7 +242,9 @@ def serve(
             running = sum(r.max_new_tokens for r in engine.running if r.client == client)
             most_output_running[0] = max(most_output_running[0], running)
 
-    engine.run(requests, on_step=on_step)
+    engine, ended = run_engine(
+        sched, requests, on_step=on_step, pool_tokens=pool, prefix_cache=prefix, admission=admission
+    )
     assert sorted(r.rid for r in ended) == sorted(r.rid for r in requests)  # every request ends once
     assert all(r.state is State.FINISHED and r.generated == r.max_new_tokens for r in requests)
     engine.memory.flush()

@@ -8,23 +8,21 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_util import FakeBudget, arrive, ids, reqs, rids, run_token
 
 from slora_vtc.backends.sim import sim_backend
-from slora_vtc.builder import build_engine
-from slora_vtc.clock import VirtualClock
-from slora_vtc.config import EngineConfig
 from slora_vtc.cost import ProfiledCost
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, LPM, VTC, SchedulerOptions, build_scheduler
+from tests.helpers.engine import run_engine
+from tests.helpers.sched import FakeBudget, arrive, ids, reqs, rids, run_token
 
 
 # -- LPM ---------------------------------------------------------------------------------------
 def test_lpm_admits_the_longest_cached_prefix_first_ties_in_arrival_order():
     lpm = LPM()
     rs = reqs(("a", 50, 5), ("b", 50, 5), ("a", 50, 5), ("b", 50, 5))
-    arrive(lpm, rs)
+    arrive(lpm, *rs)
     assert rids(lpm.select(FakeBudget({0: 5, 1: 20, 2: 20}), 0.0)) == [1, 2, 0, 3]
     assert lpm.num_waiting() == 0
 
@@ -32,7 +30,7 @@ def test_lpm_admits_the_longest_cached_prefix_first_ties_in_arrival_order():
 def test_lpm_stops_at_the_first_request_that_does_not_fit():
     lpm = LPM()
     rs = reqs(("a", 10, 5), ("a", 100, 5), ("b", 100, 5))
-    arrive(lpm, rs)
+    arrive(lpm, *rs)
     # order: 2 (cached 90, needs 10), 1 (cached 30, needs 70), 0 (needs 10): room 50 takes 2, not 1,
     # and 0, which would fit, is not offered
     budget = FakeBudget({1: 30, 2: 90}, room=50)
@@ -46,7 +44,7 @@ def test_lpm_stops_at_the_first_request_that_does_not_fit():
 def test_lpm_falls_back_to_fcfs_above_n_waiting(waiting, expected):
     lpm = build_scheduler("lpm:2", [])
     rs = reqs(("a", 10, 5), ("a", 10, 5), ("a", 10, 5))[:waiting]
-    arrive(lpm, rs)
+    arrive(lpm, *rs)
     budget = FakeBudget({1: 9})
     assert rids(lpm.select(budget, 0.0)) == expected
     # FCFS order matches nothing in advance: only what it admits is asked, for the prefill's charge
@@ -58,7 +56,7 @@ def test_lpm_falls_back_to_fcfs_above_n_waiting(waiting, expected):
 def test_vtc_charges_cached_prompt_tokens_at_their_weight(weight, expected):
     vtc = VTC(charge_cached=weight)
     (r,) = reqs(("a", 100, 5))
-    arrive(vtc, [r])
+    arrive(vtc, r)
     budget = FakeBudget({0: 40})
     vtc.select(budget, 0.0)
     assert vtc.counter_of("a") == expected  # 60 uncached + weight * 40 cached
@@ -73,7 +71,7 @@ def test_vtc_on_extend_tokens_prices_tokens_with_the_effective_input():
     Admission h(60, 0) = 60; token 2: h(60, 2) - h(60, 1) = 124 - 92 = 32; at finish nothing."""
     vtc = VTC(cost=ProfiledCost((1.0, 2.0, 0.5, 0.0, 0.0)), charge_cached=0.0)
     (r,) = reqs(("a", 100, 2))
-    arrive(vtc, [r])
+    arrive(vtc, r)
     vtc.select(FakeBudget({0: 40}), 0.0)
     run_token(r)
     vtc.on_decode_step([r], 0.0)
@@ -88,7 +86,7 @@ def test_vtc_on_extend_tokens_gives_a_cached_client_more_requests():
     vtc = VTC(charge_cached=0.0)
     a = reqs(*[("a", 100, 1)] * 10)
     b = [Request("b", 100, 1, 0.5 + i, rid=100 + i) for i in range(2)]
-    arrive(vtc, a + b)
+    arrive(vtc, *a, *b)
     admitted = vtc.select(FakeBudget({r.rid: 90 for r in a}), 0.0)
     assert rids(admitted) == [0, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 101]
 
@@ -97,7 +95,7 @@ def test_vtc_on_extend_tokens_gives_a_cached_client_more_requests():
 def test_dlpm_refills_then_charges_extend_tokens_and_the_first_output_token():
     dlpm = DLPM(quantum=100)
     rs = reqs(("a", 50, 5), ("b", 30, 5))
-    arrive(dlpm, rs)
+    arrive(dlpm, *rs)
     assert dlpm.deficits() == {"a": 0, "b": 0}
     # both at 0: one refill to 100; LPM order b (10 cached), a; b: 100 - (20 + 2), a: 100 - (50 + 2)
     assert rids(dlpm.select(FakeBudget({1: 10}), 0.0)) == [1, 0]
@@ -114,7 +112,7 @@ def test_dlpm_skips_a_client_without_credit_and_rescans_after_a_refill():
     refill a (b > 0 gets none) to 8 and scan again: 1: a = 8 - 12 = -4."""
     dlpm = DLPM(quantum=10)
     rs = reqs(("a", 50, 3), ("a", 50, 3), ("b", 5, 3))
-    arrive(dlpm, rs)
+    arrive(dlpm, *rs)
     assert rids(dlpm.select(FakeBudget({0: 40, 1: 40}), 0.0)) == [0, 2, 1]
     assert dlpm.deficits() == {"a": -4, "b": 3} and dlpm.refills == 2
 
@@ -123,7 +121,7 @@ def test_dlpm_refills_until_a_waiting_client_has_credit():
     """Q = 5: a1 takes a from 5 to 5 - 12 = -7; two refills (-2, then 3) before a2: 3 - 12 = -9."""
     dlpm = DLPM(quantum=5)
     rs = reqs(("a", 10, 3), ("a", 10, 3))
-    arrive(dlpm, rs)
+    arrive(dlpm, *rs)
     assert rids(dlpm.select(FakeBudget(), 0.0)) == [0, 1]
     assert dlpm.deficits() == {"a": -9} and dlpm.refills == 3
 
@@ -133,7 +131,7 @@ def test_dlpm_hands_out_many_refills_at_once():
     come in one go, b's stop once b is above 0, and nobody ends above Q."""
     dlpm = build_scheduler("dlpm:0.001", [])
     rs = reqs(("a", 10_000, 3), ("a", 10_000, 3), ("b", 5, 3))
-    arrive(dlpm, rs)
+    arrive(dlpm, *rs)
     assert rids(dlpm.select(FakeBudget(), 0.0)) == [0, 2, 1]
     assert dlpm.refills == 1 + 10_002_000
     deficits = dlpm.deficits()
@@ -143,7 +141,7 @@ def test_dlpm_hands_out_many_refills_at_once():
 def test_dlpm_stops_at_the_first_request_with_credit_that_does_not_fit():
     dlpm = DLPM(quantum=1000)
     rs = reqs(("a", 100, 3), ("b", 10, 3))
-    arrive(dlpm, rs)
+    arrive(dlpm, *rs)
     budget = FakeBudget(room=50)
     assert dlpm.select(budget, 0.0) == []
     assert budget.offered == [0] and dlpm.num_waiting() == 2
@@ -153,13 +151,13 @@ def test_dlpm_stops_at_the_first_request_with_credit_that_does_not_fit():
 def test_dlpm_idle_client_keeps_its_debt_loses_its_credit_and_gets_no_refill():
     dlpm = DLPM(quantum=10)
     a1, b1, b2 = reqs(("a", 20, 1), ("b", 1, 1), ("b", 30, 1))
-    arrive(dlpm, [a1, b1])
+    arrive(dlpm, a1, b1)
     dlpm.select(FakeBudget(), 0.0)  # refill both to 10; a1: 10 - 22 = -12; b1: 10 - 3 = 7
     assert dlpm.deficits() == {"a": -12, "b": 7}
     run_token(a1, b1)
     dlpm.on_finish([a1, b1], [a1, b1], 0.0)
     assert dlpm.deficits() == {"a": -12, "b": 0}  # both idle: debt kept, credit dropped
-    arrive(dlpm, [b2])
+    arrive(dlpm, b2)
     assert rids(dlpm.select(FakeBudget(), 0.0)) == [2]  # only b is refilled: 10 - 32 = -22
     assert dlpm.deficits() == {"a": -12, "b": -22}
 
@@ -172,7 +170,7 @@ def test_dlpm_serves_both_clients_in_proportion_to_extend_tokens():
     dlpm = DLPM(quantum=102)
     a = reqs(*[("a", 100, 1)] * 30)
     b = [Request("b", 100, 1, 100 + i, rid=100 + i) for i in range(5)]
-    arrive(dlpm, a + b)
+    arrive(dlpm, *a, *b)
     admitted = dlpm.select(FakeBudget({r.rid: 90 for r in a}), 0.0)
     assert "".join(r.client for r in admitted) == "a" * 9 + "b" + "a" * 8 + "b" + "a" * 9 + "b" + "a" * 4 + "bb"
     assert rids(admitted) == list(range(9)) + [100] + list(range(9, 17)) + [101] + list(range(17, 26)) + [102] + list(
@@ -239,16 +237,13 @@ class Observed:
 
 def run_observed(spec: str, requests: list[Request], pool: int) -> Observed:
     sched = build_scheduler(spec, ["a", "b"])
-    engine = build_engine(
-        EngineConfig(pool_tokens=pool, lora_rank=0, prefix_cache=True), sched, sim_backend(), VirtualClock()
-    )
     seen = Observed()
     extend: dict[int, int] = {}  # rid -> extend tokens of its first prefill (a preemption's second one is not charged)
 
     def served(client: str) -> float:
         return sum(W_E * extend[r.rid] + W_Q * r.generated for r in requests if r.client == client and r.generated)
 
-    def on_step():
+    def on_step(engine):
         for r in requests:
             if r.generated and r.rid not in extend:
                 extend[r.rid] = r.prompt_len - r.cached_len
@@ -260,7 +255,7 @@ def run_observed(spec: str, requests: list[Request], pool: int) -> Observed:
         if {r.client for r in requests if r.state is State.WAITING} == {"a", "b"}:
             seen.service_gaps.append(abs(served("a") - served("b")))
 
-    engine.run(requests, on_step=on_step)
+    run_engine(sched, requests, sim_backend(), on_step=on_step, pool_tokens=pool, prefix_cache=True)
     assert all(r.state is State.FINISHED for r in requests)
     return seen
 
@@ -349,6 +344,7 @@ def dlpm_service(result) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("suite", MISBEHAVING)
+@pytest.mark.slow
 def test_on_the_misbehaving_client_suites_lpm_breaks_the_bound_and_dlpm_keeps_it(suite):
     """Both clients are backlogged until the arrivals end (test_prefix_suites.py), where the runs stop.
     U = w_e * L_input + w_q * M with M at most the pool (no batch holds more tokens): a bound on

@@ -242,6 +242,7 @@ def backlogged_from(result, client: str, start: float, end: float) -> bool:
 
 
 @pytest.mark.parametrize("name", PREFIX)
+@pytest.mark.slow
 def test_two_clients_stay_backlogged(name):
     suite = get_suite(name)
     result = run_experiment(Experiment.of(suite=name, scheduler="vtc"))

@@ -3,12 +3,13 @@
 import json
 
 import pytest
-from conftest import a10g_profile, make_engine, req, result_of
 
 from slora_vtc.errors import UserError
 from slora_vtc.profile import ProfilePoint, load_profile, save_profile
 from slora_vtc.results import RunResult, read_results, write_results
 from slora_vtc.sched import RPM
+from tests.helpers.engine import make_engine, req, result_of
+from tests.helpers.files import a10g_profile, write_jsonl
 
 
 def test_round_trip(tmp_path):
@@ -67,8 +68,8 @@ def test_an_artifact_response_never_served_reads_as_rejected(tmp_path):
         "request_latency": 1.0,
     }
     refused = {**served, "req_time": 0.1, "first_token_latency": -1, "request_latency": -1}
-    path = write_lines(
-        tmp_path / "artifact.jsonl", {"config": {}, "result": {"total_time": 2.0, "responses": [served, refused]}}
+    path = write_jsonl(
+        tmp_path / "artifact.jsonl", [{"config": {}, "result": {"total_time": 2.0, "responses": [served, refused]}}]
     )
     (result,) = read_results(path)
     assert [r.status for r in result.responses] == ["finished", "rejected"]
@@ -98,11 +99,6 @@ GOOD = {
 }
 
 
-def write_lines(path, *records):
-    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
-    return path
-
-
 def bad_response(**change):
     record = json.loads(json.dumps(GOOD))
     record["result"]["responses"][0].update(change)
@@ -126,7 +122,7 @@ def bad_response(**change):
     ],
 )
 def test_malformed_lines_name_file_and_line(tmp_path, line, message):
-    path = write_lines(tmp_path / "bad.jsonl", GOOD, "", line)
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, "", line])
     with pytest.raises(UserError, match=message) as err:
         read_results(path)
     assert f"{path}:3" in str(err.value)

@@ -12,7 +12,7 @@ from slora_vtc.sched.dlpm import DLPM
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.limits import RateLimited
 from slora_vtc.sched.vtc_predict import PredictingVTC, UniformErrorPredictor
-from tests.sched_util import FakeBudget
+from tests.helpers.sched import FakeBudget
 
 CLIENTS = ["a", "b", "c", "d"]
 

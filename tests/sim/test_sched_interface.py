@@ -4,13 +4,13 @@ driver (vLLM's waiting-queue loop) admits and charges exactly as our engine's se
 import inspect
 
 import pytest
-from sched_util import FakeBudget
 
 from slora_vtc.cluster.router_group import RouterGroup
 from slora_vtc.cluster.shared import SharedView
 from slora_vtc.request import Request
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, Delegating, Ledger, LookAhead, RateLimited, Scheduler
 from slora_vtc.sched.registry import build_scheduler
+from tests.helpers.sched import FakeBudget
 
 INTERFACES = (Scheduler, Ledger, LookAhead)
 

@@ -1,7 +1,6 @@
 """Each scheduler on small cases worked out by hand (docs/design.md, "Schedulers")."""
 
 import pytest
-from conftest import config, make_engine, req
 
 from slora_vtc.cost import LinearCost, ProfiledCost
 from slora_vtc.errors import UserError
@@ -15,13 +14,10 @@ from slora_vtc.sched.vtc_predict import (
     PredictingVTC,
     UniformErrorPredictor,
 )
+from tests.helpers.engine import config, make_engine, req
+from tests.helpers.sched import arrive
 
 BIG = config(100_000)
-
-
-def arrive(sched, *reqs, now=0.0):
-    for r in reqs:
-        assert sched.on_arrival(r, now)
 
 
 def select(sched, running=(), cfg=BIG):

@@ -4,7 +4,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import a10g_profile, req
 
 from slora_vtc import metrics
 from slora_vtc.backends.sim import A10G_STEP_MODEL, TESTBEDS, SimBackend, StepTimeModel
@@ -13,6 +12,8 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.figures.calibration import prefill_batches
 from slora_vtc.profile import load_profile
 from slora_vtc.runner import run_experiment
+from tests.helpers.engine import req
+from tests.helpers.files import a10g_profile
 
 
 def test_step_times_follow_the_model():
@@ -49,6 +50,7 @@ def test_profile_residuals_are_small_on_average():
     "testbed, measured, scheduler",
     [("a10g-2024", "vtc_overload.jsonl", "vtc"), ("a10g-2023", "fcfs_overload.jsonl", "fcfs")],
 )
+@pytest.mark.slow
 def test_each_testbed_is_what_calibration_measures_on_its_reference_run(paper_results, testbed, measured, scheduler):
     """The shipped constants come from the documented procedure, run on the shipped data."""
     base = dataclasses.replace(A10G_STEP_MODEL, overhead_s=0.0, cold_start_s=0.0)

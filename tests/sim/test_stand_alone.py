@@ -10,7 +10,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from tests.helpers.files import REPO
+
+pytestmark = pytest.mark.slow  # the commands run in a fresh Python process, from a copy of the repository
 
 # the commands that read the shipped data (trace, profile, measured runs), each on the simulator
 COMMANDS = [

@@ -13,6 +13,9 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.runner import run_experiment
 from slora_vtc.sweep import load_grid
 from slora_vtc.sweep.cell import Cell
+from tests.helpers.cli import run_cli
+from tests.helpers.files import REPO, write
+from tests.helpers.sweep import assert_same_metrics
 
 # overload: client0 sends 90 requests/min, client1 180, each 256 prompt + 256 output tokens
 GRID = """
@@ -25,18 +28,6 @@ suite = "overload"
 duration = 20
 """
 REQUESTS_IN_20_S = 30 + 60
-
-
-def write(tmp_path, text: str, name: str = "grid.toml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def sweep(capsys, *argv):
-    code = main(["sweep", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -53,7 +44,7 @@ def counted_runs(monkeypatch):
 
 
 def test_the_grid_is_the_product_of_its_lists_in_file_order(tmp_path):
-    cells = load_grid(write(tmp_path, GRID))
+    cells = load_grid(write(tmp_path, "grid.toml", GRID))
     assert [(c.settings["scheduler"], c.settings["seed"]) for c in cells] == [
         ("vtc", 1),
         ("vtc", 2),
@@ -72,14 +63,14 @@ def test_a_cell_id_names_the_run_not_how_the_file_spells_it(tmp_path):
     assert plain.id == spelt_out.id
     assert plain.id != Cell({"suite": "overload", "scheduler": "vtc", "seed": 43}).id
     dashed = load_grid(
-        write(tmp_path, '[grid]\npool-tokens = [20000]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\n')
+        write(tmp_path, "grid.toml", '[grid]\npool-tokens = [20000]\n[fixed]\nsuite = "overload"\nscheduler = "vtc"\n')
     )
     assert dashed[0].id == Cell({"suite": "overload", "scheduler": "vtc", "pool_tokens": 20000}).id
 
 
 def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, capsys, counted_runs):
     out = tmp_path / "t.parquet"
-    code, stdout, _ = sweep(capsys, write(tmp_path, GRID), "--local", "--out", out)
+    code, stdout, _ = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", GRID), "--local", "--out", out)
     assert code == 0 and "4 ok, 0 failed" in stdout and len(counted_runs) == 4
     table = pd.read_parquet(out)
     assert len(table) == 4 and set(table["status"]) == {"ok"} and set(table["error"]) == {""}
@@ -97,16 +88,16 @@ def test_a_local_sweep_writes_one_row_per_cell_with_the_runs_metrics(tmp_path, c
 
 
 def test_a_rerun_skips_every_finished_cell(tmp_path, capsys, counted_runs):
-    grid, out = write(tmp_path, GRID), tmp_path / "t.parquet"
-    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    grid, out = write(tmp_path, "grid.toml", GRID), tmp_path / "t.parquet"
+    assert run_cli(capsys, "sweep", grid, "--local", "--out", out)[0] == 0
     first = pd.read_parquet(out)
     counted_runs.clear()
-    code, stdout, stderr = sweep(capsys, grid, "--local", "--out", out)
+    code, stdout, stderr = run_cli(capsys, "sweep", grid, "--local", "--out", out)
     assert code == 0 and counted_runs == [] and "4 already in" in stderr and "4 skipped" in stdout
     pd.testing.assert_frame_equal(pd.read_parquet(out), first)
     # a grid grown by one axis value runs only the new cells; the old rows stay
-    bigger = write(tmp_path, GRID.replace('["vtc", "fcfs"]', '["vtc", "fcfs", "lcf"]'))
-    assert sweep(capsys, bigger, "--local", "--out", out)[0] == 0
+    bigger = write(tmp_path, "grid.toml", GRID.replace('["vtc", "fcfs"]', '["vtc", "fcfs", "lcf"]'))
+    assert run_cli(capsys, "sweep", bigger, "--local", "--out", out)[0] == 0
     assert [e.scheduling.scheduler for e in counted_runs] == ["lcf", "lcf"]
     assert len(pd.read_parquet(out)) == 6
 
@@ -118,8 +109,8 @@ def test_a_cell_that_raises_is_recorded_and_the_others_finish(tmp_path, capsys, 
         return run_experiment(exp, *args, **kwargs)
 
     monkeypatch.setattr(cell_module, "run_experiment", fcfs_breaks)
-    grid, out = write(tmp_path, GRID), tmp_path / "t.parquet"
-    code, stdout, stderr = sweep(capsys, grid, "--local", "--out", out)
+    grid, out = write(tmp_path, "grid.toml", GRID), tmp_path / "t.parquet"
+    code, stdout, stderr = run_cli(capsys, "sweep", grid, "--local", "--out", out)
     assert code == 1 and "2 ok, 2 failed" in stdout
     assert stderr.count("failed: scheduler=fcfs seed=") == 2 and "RuntimeError: the engine broke" in stderr
     table = pd.read_parquet(out).set_index("scheduler")
@@ -128,7 +119,7 @@ def test_a_cell_that_raises_is_recorded_and_the_others_finish(tmp_path, capsys, 
     assert table.loc["fcfs", "throughput"].isna().all() and (table.loc["vtc", "throughput"] > 0).all()
     # fixed, a rerun runs the two failed cells again and replaces their rows
     monkeypatch.setattr(cell_module, "run_experiment", run_experiment)
-    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    assert run_cli(capsys, "sweep", grid, "--local", "--out", out)[0] == 0
     table = pd.read_parquet(out)
     assert len(table) == 4 and set(table["status"]) == {"ok"}
 
@@ -141,33 +132,28 @@ def test_an_interrupted_sweep_keeps_the_rows_it_had(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(cell_module, "run_experiment", interrupted_at_the_third)
     out = tmp_path / "t.parquet"
-    assert main(["sweep", str(write(tmp_path, GRID)), "--local", "--out", str(out)]) == 130
+    assert main(["sweep", str(write(tmp_path, "grid.toml", GRID)), "--local", "--out", str(out)]) == 130
     table = pd.read_parquet(out)
     assert sorted(zip(table["scheduler"], table["seed"])) == [("vtc", 1), ("vtc", 2)]
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_worker_processes_give_the_same_rows(tmp_path, capsys):
-    grid = write(tmp_path, GRID)
-    assert sweep(capsys, grid, "--local", "--out", tmp_path / "one.parquet")[0] == 0
-    assert sweep(capsys, grid, "--local", "--jobs", "2", "--out", tmp_path / "two.parquet")[0] == 0
+    grid = write(tmp_path, "grid.toml", GRID)
+    assert run_cli(capsys, "sweep", grid, "--local", "--out", tmp_path / "one.parquet")[0] == 0
+    assert run_cli(capsys, "sweep", grid, "--local", "--jobs", "2", "--out", tmp_path / "two.parquet")[0] == 0
     assert_same_metrics(pd.read_parquet(tmp_path / "one.parquet"), pd.read_parquet(tmp_path / "two.parquet"))
-
-
-def assert_same_metrics(a, b):
-    """The same cells with the same results: everything but when and how long they ran."""
-    machine = ["wall_s", "finished_at"]
-    a, b = (t.drop(columns=machine).sort_values("cell").reset_index(drop=True) for t in (a, b))
-    pd.testing.assert_frame_equal(a, b)
 
 
 def test_without_ray_the_sweep_runs_locally_and_says_so(tmp_path, capsys, monkeypatch):
     import slora_vtc.sweep.runners as runners
 
     monkeypatch.setattr(runners, "ray_installed", lambda: False)
-    code, _, stderr = sweep(capsys, write(tmp_path, GRID.replace('"fcfs"', '"lcf"')), "--out", tmp_path / "t.parquet")
+    code, _, stderr = run_cli(
+        capsys, "sweep", write(tmp_path, "grid.toml", GRID.replace('"fcfs"', '"lcf"')), "--out", tmp_path / "t.parquet"
+    )
     assert code == 0 and "ray is not installed" in stderr and "running the grid locally" in stderr
-    code, _, stderr = sweep(capsys, write(tmp_path, GRID), "--address", "localhost:6379")
+    code, _, stderr = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", GRID), "--address", "localhost:6379")
     assert (
         code == 2
         and stderr.strip()
@@ -214,7 +200,7 @@ FIXED = '\n[fixed]\nsuite = "overload"\nduration = 20\n'
 )
 def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs, text, message):
     out = tmp_path / "t.parquet"
-    code, stdout, stderr = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
+    code, stdout, stderr = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", text), "--local", "--out", out)
     assert code == 2 and message in stderr and stderr.count("\n") == 1 and stderr.startswith("slora-vtc: error: ")
     assert counted_runs == [] and not out.exists()
 
@@ -227,24 +213,24 @@ def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs,
     ],
 )
 def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
-    code, _, stderr = sweep(capsys, write(tmp_path, GRID), *argv)
+    code, _, stderr = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", GRID), *argv)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
 
 
 def test_a_file_that_is_not_a_table_is_one_line(tmp_path, capsys):
     junk = tmp_path / "junk.parquet"
     junk.write_text("not parquet")
-    code, _, stderr = sweep(capsys, write(tmp_path, GRID), "--local", "--out", junk)
+    code, _, stderr = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", GRID), "--local", "--out", junk)
     assert code == 2 and stderr.strip() == f"slora-vtc: error: {junk}: not a sweep table (not a parquet file)"
-    code, _, stderr = sweep(capsys, tmp_path / "missing.toml", "--local")
+    code, _, stderr = run_cli(capsys, "sweep", tmp_path / "missing.toml", "--local")
     assert code == 2 and "cannot read grid file" in stderr
 
 
 @pytest.fixture
 def table(tmp_path, capsys):
-    grid = write(tmp_path, GRID.replace("seed = [1, 2]", "seed = [1, 2]\npool_tokens = [6000, 10000]"))
+    grid = write(tmp_path, "grid.toml", GRID.replace("seed = [1, 2]", "seed = [1, 2]\npool_tokens = [6000, 10000]"))
     out = tmp_path / "t.parquet"
-    assert sweep(capsys, grid, "--local", "--out", out)[0] == 0
+    assert run_cli(capsys, "sweep", grid, "--local", "--out", out)[0] == 0
     return out
 
 
@@ -294,19 +280,19 @@ def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path
         '[fixed]\nsuite = "overload"\nscheduler = "vtc"\nduration = 20\n'
     )
     out = tmp_path / "t.parquet"
-    code, stdout, _ = sweep(capsys, write(tmp_path, text), "--local", "--out", out)
+    code, stdout, _ = run_cli(capsys, "sweep", write(tmp_path, "grid.toml", text), "--local", "--out", out)
     assert code == 0 and "2 ok" in stdout
     table = pd.read_parquet(out)
     assert list(table["router"]) == ["round-robin", "least-load"] and (table["finished"] == REQUESTS_IN_20_S).all()
     # round robin deals overload's identical requests out in turn: 45 each, the same tokens on both
     assert table["load_imbalance"].iloc[0] == 1.0 and table["load_imbalance"].iloc[1] >= 1.0
-    code, _, stderr = sweep(capsys, write(tmp_path, text.replace('"least-load"', '"nope"')), "--local", "--out", out)
+    code, _, stderr = run_cli(
+        capsys, "sweep", write(tmp_path, "grid.toml", text.replace('"least-load"', '"nope"')), "--local", "--out", out
+    )
     assert code == 2 and "cell replicas=2 router=nope: unknown router 'nope'" in stderr and stderr.count("\n") == 1
 
 
 def test_the_example_grid_checks():
-    from conftest import REPO
-
     from slora_vtc.cli.experiments import check
 
     cells = load_grid(REPO / "examples" / "sweep.toml")
@@ -320,7 +306,7 @@ def test_a_cluster_table_sets_the_cluster_of_every_cell(tmp_path):
         '[grid]\nscheduler = ["vtc", "fcfs"]\n[cluster]\nreplicas = 4\nrouter = "least-load"\n'
         '[fixed]\nsuite = "overload"\n'
     )
-    cells = load_grid(write(tmp_path, text))
+    cells = load_grid(write(tmp_path, "grid.toml", text))
     assert [c.settings for c in cells] == [
         {"suite": "overload", "replicas": 4, "router": "least-load", "scheduler": s} for s in ("vtc", "fcfs")
     ]

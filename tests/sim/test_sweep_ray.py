@@ -2,17 +2,14 @@
 8 cells finish, a rerun skips them all, a cell that raises in its Ray task is recorded as failed,
 --local gives the same rows, and an address where no Ray answers is one line."""
 
-import os
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # every test starts `python -m slora_vtc sweep` as a process
 pytest.importorskip("ray")
 
-from conftest import REPO  # noqa: E402
-from test_sweep import assert_same_metrics  # noqa: E402
+from tests.helpers.cli import cli  # noqa: E402
+from tests.helpers.sweep import assert_same_metrics  # noqa: E402
 
 # 4 schedulers x 2 seeds of the paper's overload workload, 20 s of arrivals each
 GRID = """
@@ -35,22 +32,6 @@ class Breaks(FCFS):
 
 register_scheduler("breaks", Entry(lambda arg, clients, opts: Breaks(), "raises on the first arrival"))
 """
-
-
-def cli(*argv, **env_vars) -> subprocess.CompletedProcess:
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-        "MPLBACKEND": "Agg",
-        **env_vars,
-    }  # a local Ray unless told
-    return subprocess.run(
-        [sys.executable, "-m", "slora_vtc", *map(str, argv)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ARENA_FIXTURE
 
 from slora_vtc.cli import main
 from slora_vtc.errors import UserError
@@ -19,6 +18,7 @@ from slora_vtc.traces import read_trace, write_trace
 from slora_vtc.traces.build import build_trace
 from slora_vtc.traces.tokenize import approx_count
 from slora_vtc.workload import RequestSpec
+from tests.helpers.files import ARENA_FIXTURE, write_jsonl
 
 FIXTURE = str(ARENA_FIXTURE)
 
@@ -34,11 +34,6 @@ def turns(*pairs: tuple[str, int], role: str = "role", text: str = "content") ->
 
 def arena(model: str, prompt: int, reply: int, **extra) -> dict:
     return {"model": model, "conversation": turns(("user", prompt), ("assistant", reply)), **extra}
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def build(path: Path, *flags: str, rate: str = "1", duration: str = "10", out: Path | None = None) -> list[str]:

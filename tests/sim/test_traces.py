@@ -1,6 +1,5 @@
 """Trace readers, the restricted unpickler, and the Chatbot Arena pipeline on the repo's fixture."""
 
-import json
 import pickle
 import sys
 import types
@@ -8,13 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ARENA_FIXTURE, lmsys_trace
 
 from slora_vtc.errors import UserError
 from slora_vtc.traces import read_trace, trace_workload, write_trace
 from slora_vtc.traces.build import MAX_LEN, build_trace, chats, load_raw
 from slora_vtc.traces.tokenize import approx_count
 from slora_vtc.workload import RequestSpec
+from tests.helpers.files import ARENA_FIXTURE, lmsys_trace, write_jsonl
 
 FIXTURE = ARENA_FIXTURE
 
@@ -30,11 +29,6 @@ def chat(model: str, prompt: str, reply: str, tstamp: float, **extra) -> dict:
         "tstamp": tstamp,
         **extra,
     }
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 # -- the pipeline ---------------------------------------------------------------------------

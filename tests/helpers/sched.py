@@ -1,4 +1,5 @@
-"""Helpers for the scheduler tests: a fake budget, requests by shape, named token segments."""
+"""The scheduler tests' helpers: a scheduler that serves nothing, a fake admission budget, requests
+by shape, arrivals, and named token segments."""
 
 import math
 
@@ -57,9 +58,10 @@ def reqs(*shapes):
     return [Request(c, p, o, float(i), rid=i) for i, (c, p, o) in enumerate(shapes)]
 
 
-def arrive(sched, requests):
+def arrive(sched, *requests: Request, now: float | None = None) -> None:
+    """Each request arrives (at `now`, or else at its own arrival time) and is accepted."""
     for r in requests:
-        assert sched.on_arrival(r, r.arrival)
+        assert sched.on_arrival(r, r.arrival if now is None else now)
 
 
 def rids(requests):

@@ -1,8 +1,11 @@
-"""Helpers for the HTTP server tests: a real uvicorn server on 127.0.0.1 in a background thread."""
+"""The HTTP server tests' helpers: a real uvicorn server on 127.0.0.1 in a background thread, its
+metrics, and `slora-vtc serve` as a process."""
 
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -86,3 +89,44 @@ def parse_metrics(text: str) -> dict[str, float]:
             key, value = line.rsplit(" ", 1)
             values[key] = float(value)
     return values
+
+
+# -- `serve` as a process ----------------------------------------------------------------------------
+def free_port() -> int:
+    """A loopback port nothing listens on (once this returns)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, *extra: str) -> subprocess.Popen:
+    """`python -m slora_vtc serve` as a process on `port` (a 3000-token pool, a 1 s drain unless `extra` says)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "slora_vtc",
+        "serve",
+        "--port",
+        str(port),
+        "--pool-tokens",
+        "3000",
+        "--drain-timeout",
+        "1",
+        *extra,
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until GET /health answers 200 (fails if the process ends first or after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx2.get(f"{url}/health").status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the server did not come up")

@@ -1,4 +1,4 @@
-"""Helpers shared by the real-model tests: tiny transformers models, real engines, logit recorders."""
+"""The real-model tests' helpers: tiny transformers models, real engines, logit recorders."""
 
 import os
 from collections import defaultdict
@@ -9,13 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from slora_vtc.backends.llama import LlamaBackend, build_backend  # noqa: E402
-from slora_vtc.builder import build_engine  # noqa: E402
-from slora_vtc.clock import VirtualClock  # noqa: E402
-from slora_vtc.config import EngineConfig  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.model.adapters import AdapterTable, adapter_table  # noqa: E402
-from slora_vtc.request import Request  # noqa: E402
-from slora_vtc.sched import build_scheduler  # noqa: E402
+from slora_vtc.request import Request, State  # noqa: E402
+from tests.helpers.engine import make_engine  # noqa: E402
 
 TINY_HF = dict(
     vocab_size=128,
@@ -44,14 +41,26 @@ def save_hf_llama(folder: Path, seed: int = 0, **overrides):
 def real_engine(backend: LlamaBackend, pool: int, scheduler: str = "fcfs", clients=("a", "b", "c"), **config) -> Engine:
     """An engine on a virtual clock (advanced by the measured step times) with the backend's adapters wired;
     `config`: more EngineConfig fields (prefix_cache, admission)."""
-    config = EngineConfig(
+    return make_engine(
+        scheduler,
+        backend,
+        clients=clients,
         pool_tokens=pool,
-        lora_rank=0,
         adapter_row_slots=backend.spec.lora_slots_per_row,
         adapter_sizes=backend.adapters.sizes(backend.spec),
         **config,
     )
-    return build_engine(config, build_scheduler(scheduler, list(clients)), backend, VirtualClock())
+
+
+def run_real(backend: LlamaBackend, requests: list[Request], pool: int, scheduler: str = "fcfs", **options) -> Engine:
+    """real_engine(backend, pool, scheduler, **options) runs the requests to the end: each one must
+    finish, and the pool must be free again once the prefix cache is flushed."""
+    engine = real_engine(backend, pool, scheduler, **options)
+    engine.run(requests)
+    assert all(r.state is State.FINISHED for r in requests)
+    engine.memory.flush()
+    assert engine.memory.pool.num_used == 0 and engine.memory.adapters == {}
+    return engine
 
 
 def tiny_backend(model: str = "tiny", pool: int = 2000, adapters: AdapterTable = AdapterTable(), **kw) -> LlamaBackend:
@@ -91,8 +100,6 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
 def assert_logits_match_hf(folder, model, prompts, new_tokens, pool: int = 200) -> None:
     """A ragged batch through our engine: prefill and every decode step, each request's own logits
     equal transformers'."""
-    from slora_vtc.request import State
-
     backend = tiny_backend(str(folder))
     logits = record_logits(backend)
     requests = [request(p, n) for p, n in zip(prompts, new_tokens)]

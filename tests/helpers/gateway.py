@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import httpx2
 import uvicorn
-from server_util import Running, serve_in_thread
 
 from slora_vtc.gateway.config import GatewayConfig
 from slora_vtc.gateway.context import GatewayContext
@@ -18,6 +17,7 @@ from slora_vtc.gateway.run import build_context as build_gateway
 from slora_vtc.gateway.run import server_for as gateway_server
 from slora_vtc.server.context import ServerConfig, build_context
 from slora_vtc.server.run import server_for
+from tests.helpers.server import Running, serve_in_thread
 
 START_TIMEOUT_S = 30
 CHUNK = {"id": "c", "object": "text_completion", "created": 0, "model": "fake"}  # a fake stream chunk, less its choices
