@@ -1,7 +1,7 @@
 """The unified token pool (KV cache and LoRA adapters share its slots) and the admission check."""
 
 from slora_vtc.memory.admission import Budget, fits_alone
-from slora_vtc.memory.manager import MemoryManager
-from slora_vtc.memory.pool import PoolExhausted, TokenPool
+from slora_vtc.memory.manager import MemoryManager, build_memory
+from slora_vtc.memory.pool import CountingPool, PoolExhausted, TokenPool
 
-__all__ = ["Budget", "MemoryManager", "PoolExhausted", "TokenPool", "fits_alone"]
+__all__ = ["Budget", "CountingPool", "MemoryManager", "PoolExhausted", "TokenPool", "build_memory", "fits_alone"]

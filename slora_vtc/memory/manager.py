@@ -1,12 +1,17 @@
 """Who holds which slots: each request's KV tokens, each resident LoRA adapter, and the prefix cache."""
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slora_vtc.memory.pool import TokenPool
+from slora_vtc.memory.pool import CountingPool, TokenPool
 from slora_vtc.memory.radix import Node, RadixCache
 from slora_vtc.request import Request
+
+if TYPE_CHECKING:  # the memory layer lies below the backends: only for the annotations
+    from slora_vtc.backends.base import ModelBackend
+    from slora_vtc.config import EngineConfig
 
 AdapterHook = Callable[[str, np.ndarray], None]
 
@@ -23,19 +28,26 @@ class MemoryManager:
     holds for its adapter (locked while it runs), and the K/V it computes join the tree: its prompt
     right after its prefill, its generated tokens when it leaves (finished or preempted). A slot is
     then either the tree's or the request's own; `release` frees only the request's own.
+
+    On a CountingPool (a simulated backend without the cache: nothing reads slot ids) a request's
+    `kv_slots` stay empty and the manager counts the slots it holds; the pool's counts are the same.
     """
 
     def __init__(
         self,
-        pool: TokenPool,
+        pool: TokenPool | CountingPool,
         adapter_slots: int | Callable[[str], int],
         on_load: AdapterHook | None = None,
         cache: bool = False,
     ):
+        if not pool.hands_out_ids and (cache or on_load is not None):
+            raise ValueError("the prefix cache and adapter loading need slot ids: give the manager a TokenPool")
         self.pool = pool
+        self._ids = pool.hands_out_ids
+        self._counts: dict[int, int] = {}  # on a CountingPool: the slots each running request holds
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
-        self.adapters: dict[str, np.ndarray] = {}
+        self.adapters: dict[str, np.ndarray | int] = {}  # slot ids (a count on a CountingPool)
         self.cache = RadixCache(pool) if cache else None
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
@@ -83,10 +95,13 @@ class MemoryManager:
         for req in batch:
             self._ensure_adapter(req.adapter)
         for req in batch:
-            new = self._alloc(req.prefill_len - req.cached_len).tolist()
-            req.kv_slots.extend(new)
-            if self.cache:
-                self._own[req.rid] = new
+            if self._ids:
+                new = self._alloc(req.prefill_len - req.cached_len).tolist()
+                req.kv_slots.extend(new)
+                if self.cache:
+                    self._own[req.rid] = new
+            else:
+                self._counts[req.rid] = self._alloc(req.prefill_len - req.cached_len)
             if req.generated:
                 req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
 
@@ -111,6 +126,12 @@ class MemoryManager:
         """One more slot per running request and step, for the tokens the next decode steps write
         (`steps` at once get the slots that as many single calls would)."""
         n = len(running)
+        if not self._ids:
+            self.pool.alloc(n * steps)
+            counts = self._counts
+            for req in running:
+                counts[req.rid] += steps
+            return
         slots = self._alloc(n * steps).tolist()
         for i, req in enumerate(running):
             mine = slots[(steps - 1) * n + i :: -n]  # step 1 took the top of the free stack, as one call would
@@ -121,6 +142,9 @@ class MemoryManager:
     def release(self, req: Request, keep: bool = True) -> None:
         """Free the request's slots. With a cache and `keep`, the K/V it computed stay cached
         (`keep=False` for a request the model failed on: its K/V may be wrong)."""
+        if not self._ids:
+            self.pool.free(self._counts.pop(req.rid, 0))
+            return
         node = self._node.pop(req.rid, None) if self.cache else None
         if node is not None:
             ids = self.cache_ids(req) if keep else None
@@ -185,3 +209,14 @@ class MemoryManager:
         self.adapters[name] = slots
         if self._on_load is not None:
             self._on_load(name, slots)
+
+
+def build_memory(config: "EngineConfig", backend: "ModelBackend") -> MemoryManager:
+    """The memory manager an engine with this backend needs: slot ids where something reads them
+    (a real backend's K/V cache and adapter weights, the prefix cache's tree), counts otherwise (a
+    simulated backend without the prefix cache, whose runs then give the same result files faster)."""
+    if backend.simulated and not config.prefix_cache:
+        return MemoryManager(CountingPool(config.pool_tokens), config.slots_of)
+    return MemoryManager(
+        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
+    )
