@@ -19,7 +19,7 @@ from slora_vtc.config import EngineConfig
 from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
 from slora_vtc.engine import Engine
 from slora_vtc.errors import UserError
-from slora_vtc.memory import MemoryManager, TokenPool
+from slora_vtc.memory import build_memory
 from slora_vtc.model.adapters import DUMMY_PREFIX, AdapterTable, adapter_table
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.profile import load_profile
@@ -220,9 +220,7 @@ def serve_requests(
     """
     backend.warmup()
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
-    memory = MemoryManager(
-        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
-    )
+    memory = build_memory(config, backend)
     with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
         Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests, until=horizon)
     return clock.now()
