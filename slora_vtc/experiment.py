@@ -7,14 +7,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 import numpy as np
-from tqdm import tqdm
 
 from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.registry import BackendSettings, build_backend, get_backend
 from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.clock import VirtualClock, WallClock
 from slora_vtc.cluster import RouterOptions, build_router
-from slora_vtc.cluster.serve import build_cluster, serve_cluster
 from slora_vtc.config import EngineConfig
 from slora_vtc.cost import CostFunction, LinearCost, ProfiledCost
 from slora_vtc.engine import Engine
@@ -23,6 +21,7 @@ from slora_vtc.memory import build_memory
 from slora_vtc.model.adapters import DUMMY_PREFIX, AdapterTable, adapter_table
 from slora_vtc.model.spec import resolve_spec
 from slora_vtc.profile import load_profile
+from slora_vtc.progress import LazyProgress
 from slora_vtc.request import Request
 from slora_vtc.results import RunResult
 from slora_vtc.sched import Lift, Scheduler, SchedulerOptions, build_scheduler
@@ -221,7 +220,7 @@ def serve_requests(
     backend.warmup()
     clock = VirtualClock() if backend.simulated else WallClock(time_scale)
     memory = build_memory(config, backend)
-    with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
+    with LazyProgress(len(requests), label, enabled=progress) as bar:
         Engine(config, scheduler, backend, clock, memory, on_end=lambda _: bar.update()).run(requests, until=horizon)
     return clock.now()
 
@@ -263,6 +262,8 @@ def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = 
 
 def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     """Several simulated replicas behind a router; the result records each request's replica."""
+    from slora_vtc.cluster.serve import build_cluster, serve_cluster  # (and tqdm): only for a cluster run
+
     if exp.real_backend:
         raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
     workload, configs = exp.workload(), exp.replica_configs()
