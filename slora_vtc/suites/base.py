@@ -37,11 +37,14 @@ class Suite:
         duration = self.duration if duration is None else duration
         if duration <= 0:
             raise UserError(f"duration must be positive, got {duration}")
+        if seed < 0:
+            raise UserError(f"the seed must not be negative, got {seed}")
         if self.replays_trace:
             return self._replay(duration, trace_path)
         if trace_path is not None:
             raise UserError(
-                f"suite '{self.name}' is generated from a seed; --trace applies only to trace suites (real) and to `replay`"
+                f"suite '{self.name}' is generated from a seed; --trace applies only to trace suites (real) "
+                "and to `replay`"
             )
         return Workload(self.name, client_names(self.num_clients), duration, tuple(self.generate(duration, seed)))
 

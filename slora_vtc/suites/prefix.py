@@ -2,24 +2,24 @@
 Table 3), scaled to the paper's A10G pool of 10,000 tokens (Llama-7B; the simulator prefills about
 0.2 ms a token and takes about 30 ms a decode step).
 
-Two clients each (client 0 is the misbehaving one in S1 / S2); per client, over the whole duration
-(seed 42): requests, requests/s, mean prompt, mean part of it already sent by an earlier request of
-the same client (shared), mean output; in/out are offered prompt / output tokens per second.
+Two clients each, c0 and c1 (c0 is the misbehaving one in S1 / S2); per client, over the whole
+duration (seed 42): requests, requests/s, mean prompt, mean part of it already sent by an earlier
+request of the same client (shared), mean output; in/out are offered prompt / output tokens per second.
 
-| suite           | dur | client 0: req, req/s, prompt, shared, out, in/s, out/s | client 1: the same                  |
-|-----------------|-----|--------------------------------------------------------|-------------------------------------|
-| prefix_qa       |  90 |  910, 10.1, 1533, 1394,  15, 15497,  152               |  899, 10.0, 1554, 1416,  15, 15519,  150 |
-| prefix_qa_s1    |  90 | 2701, 30.0, 1551, 1415,  15, 46539,  450 (3x rate)     |  915, 10.2, 1599, 1456,  15, 16256,  152 |
-| prefix_qa_s2    |  90 |  910, 10.1, 2733, 2515,  15, 27630,  152 (2x docs)     |  899, 10.0, 1554, 1416,  15, 15519,  150 |
-| prefix_tot      |  90 |  338,  3.8,  384,  321, 128,  1441,  479               |  390,  4.3,  396,  332, 130,  1716,  561 |
-| prefix_tot_s1   |  90 | 5208, 57.9,  440,  408, 128, 25437, 7405 (4 branches)  |  464,  5.2,  374,  312, 126,  1927,  648 |
-| prefix_tot_s2   |  90 |  338,  3.8, 1307, 1209, 128,  4908,  479 (10x question)|  390,  4.3,  396,  332, 130,  1716,  561 |
-| prefix_judge    | 120 |  248,  2.1, 1044,  529, 128,  2157,  264               |  242,  2.0, 1028,  515, 129,  2073,  260 |
-| prefix_judge_s1 | 120 | 1856, 15.5, 1045,  980, 128, 16155, 1980 (16 dims)     |  250,  2.1, 1046,  524, 129,  2178,  269 |
-| prefix_judge_s2 | 120 |  248,  2.1, 1644,  829, 128,  3397,  264 (+600 tokens) |  242,  2.0, 1028,  515, 129,  2073,  260 |
-| prefix_chat     | 120 |  420,  3.5,  404,  247, 148,  1415,  519               |  421,  3.5,  380,  216, 148,  1332,  518 |
-| prefix_chat_s1  | 120 | 1350, 11.2,  420,  262, 144,  4727, 1623 (3x convs)    |  451,  3.8,  371,  227, 132,  1393,  496 |
-| prefix_chat_s2  | 120 |  680,  5.7,  665,  489, 142,  3770,  805 (6-10 turns)  |  434,  3.6,  410,  254, 145,  1484,  524 |
+| suite           | dur | c0: req, req/s, prompt, shared, out, in/s, out/s    | c1: the same                          |
+|-----------------|-----|-----------------------------------------------------|---------------------------------------|
+| prefix_qa       | 90  | 910, 10.1, 1533, 1394, 15, 15497, 152               | 899, 10.0, 1554, 1416, 15, 15519, 150 |
+| prefix_qa_s1    | 90  | 2701, 30.0, 1551, 1415, 15, 46539, 450 (3x rate)    | 915, 10.2, 1599, 1456, 15, 16256, 152 |
+| prefix_qa_s2    | 90  | 910, 10.1, 2733, 2515, 15, 27630, 152 (2x docs)     | 899, 10.0, 1554, 1416, 15, 15519, 150 |
+| prefix_tot      | 90  | 338, 3.8, 384, 321, 128, 1441, 479                  | 390, 4.3, 396, 332, 130, 1716, 561    |
+| prefix_tot_s1   | 90  | 5208, 57.9, 440, 408, 128, 25437, 7405 (4 branches) | 464, 5.2, 374, 312, 126, 1927, 648    |
+| prefix_tot_s2   | 90  | 338, 3.8, 1307, 1209, 128, 4908, 479 (10x question) | 390, 4.3, 396, 332, 130, 1716, 561    |
+| prefix_judge    | 120 | 248, 2.1, 1044, 529, 128, 2157, 264                 | 242, 2.0, 1028, 515, 129, 2073, 260   |
+| prefix_judge_s1 | 120 | 1856, 15.5, 1045, 980, 128, 16155, 1980 (16 dims)   | 250, 2.1, 1046, 524, 129, 2178, 269   |
+| prefix_judge_s2 | 120 | 248, 2.1, 1644, 829, 128, 3397, 264 (+600 tokens)   | 242, 2.0, 1028, 515, 129, 2073, 260   |
+| prefix_chat     | 120 | 420, 3.5, 404, 247, 148, 1415, 519                  | 421, 3.5, 380, 216, 148, 1332, 518    |
+| prefix_chat_s1  | 120 | 1350, 11.2, 420, 262, 144, 4727, 1623 (3x convs)    | 451, 3.8, 371, 227, 132, 1393, 496    |
+| prefix_chat_s2  | 120 | 680, 5.7, 665, 489, 142, 3770, 805 (6-10 turns)     | 434, 3.6, 410, 254, 145, 1484, 524    |
 
 Rates per client: QA 10 questions/s (S1 30), ToT 0.2 trees/s, judge 1 article/s, chat 1
 conversation/s (S1 3). What the simulator serves (A10G testbed, conservative admission),
@@ -56,11 +56,13 @@ largest (3,600 and 5,700 requests), take 1.4-1.7 s (`slora-vtc run`, start-up in
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.suites.base import Generator, Suite
 from slora_vtc.workload import RequestSpec, client_names
+
+if TYPE_CHECKING:  # numpy is imported when a prefix workload is generated, not with the suite list
+    import numpy as np
 
 GAMMA_CV = 0.5  # the paper draws Gamma arrivals (cv not given): steadier than Poisson for the few trees a run has
 QA_QUESTIONS_PER_DOC = 16
@@ -78,11 +80,11 @@ CHAT_USER_MEAN, CHAT_REPLY_MEAN = 56, 142  # Chatbot Arena's averages (dlpm.md, 
 CHAT_MAX_PROMPT = 2048  # a conversation ends before a turn whose prompt would pass this
 
 
-def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+def _uniform(rng: "np.random.Generator", bounds: tuple[int, int]) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def _starts(rng: np.random.Generator, rate: float, duration: float) -> Iterator[float]:
+def _starts(rng: "np.random.Generator", rate: float, duration: float) -> Iterator[float]:
     """Arrival times on [0, duration) of a Gamma process (gaps of mean 1 / rate, coefficient of variation GAMMA_CV)."""
     shape = 1.0 / GAMMA_CV**2
     t = float(rng.gamma(shape, 1.0 / (shape * rate)))
@@ -95,6 +97,8 @@ def _per_client(clients: list, make) -> Generator:
     """A generator calling make(rng, client name, client's settings, duration) for each client in turn."""
 
     def generate(duration: float, seed: int) -> list[RequestSpec]:
+        import numpy as np
+
         rng = np.random.default_rng(seed)
         names = client_names(len(clients))
         specs = [s for name, c in zip(names, clients) for s in make(rng, name, c, duration) if s.arrival < duration]
@@ -120,7 +124,7 @@ def qa(clients: list[QAClient]) -> Generator:
         specs = []
         for b in range(0, len(times), block):
             docs = [(f"{name}/doc{b // QA_QUESTIONS_PER_DOC + d}", _uniform(rng, c.doc)) for d in range(QA_OPEN_DOCS)]
-            order = rng.permutation(np.repeat(np.arange(QA_OPEN_DOCS), QA_QUESTIONS_PER_DOC))
+            order = rng.permutation([d for d in range(QA_OPEN_DOCS) for _ in range(QA_QUESTIONS_PER_DOC)])
             for k, (t, d) in enumerate(zip(times[b : b + block], order)):
                 segments = (docs[d], (f"{name}/q{b + k}", _uniform(rng, QA_QUESTION)))
                 specs.append(RequestSpec(name, sum(n for _, n in segments), QA_OUTPUT, t, segments))
@@ -220,7 +224,7 @@ def chat(clients: list[ChatClient]) -> Generator:
     return _per_client(clients, make)
 
 
-def _length(rng: np.random.Generator, mean: int) -> int:
+def _length(rng: "np.random.Generator", mean: int) -> int:
     """A message length with about the given mean and a long tail (geometric), from 1 to 1023 tokens."""
     return min(int(rng.geometric(1.0 / mean)), 1023)
 
@@ -240,7 +244,8 @@ def _suite(name: str, description: str, generate: Generator) -> Suite:
 
 
 def prefix_suites() -> list[Suite]:
-    """The 12 prefix suites: each workload as is, S1 (client 0 sends more requests) and S2 (client 0's prefixes are longer)."""
+    """The 12 prefix suites: each workload as is, S1 (client 0 sends more requests) and S2 (client 0's
+    prefixes are longer)."""
     qa_, tot_, judge_, chat_ = QAClient(QA_RATE), ToTClient(TOT_RATE), JudgeClient(JUDGE_RATE), ChatClient(CHAT_RATE)
     return [
         _suite(
