@@ -3,11 +3,13 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
+
+if TYPE_CHECKING:  # numpy only for the metrics' arrays: writing a result file needs none
+    import numpy as np
 
 RESPONSE_FIELDS = ("client", "prompt_len", "output_len", "req_time", "first_token_latency", "request_latency", "status")
 MEMORY_FIELDS = ("cached_tokens", "preemptions", "recomputed")  # written only when not 0 (the paper's runs have none)
@@ -90,10 +92,12 @@ class RunResult:
     def clients(self) -> list[str]:
         return sorted({r.client for r in self.responses}, key=client_sort_key)
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str) -> "np.ndarray":
         """One response field as a numpy array (cached), for the metrics."""
         cache = self.__dict__.setdefault("_arrays", {})
         if name not in cache:
+            import numpy as np
+
             cache[name] = np.array([getattr(r, name) for r in self.responses])
         return cache[name]
 

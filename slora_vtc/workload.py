@@ -28,7 +28,8 @@ class RequestSpec:
         if self.segments and sum(length for _, length in self.segments) != self.prompt_len:
             total = sum(length for _, length in self.segments)
             raise UserError(
-                f"request of client '{self.client}' at {self.arrival}: its segments sum to {total} tokens, prompt_len is {self.prompt_len}"
+                f"request of client '{self.client}' at {self.arrival}: its segments sum to {total} tokens, "
+                f"prompt_len is {self.prompt_len}"
             )
 
 

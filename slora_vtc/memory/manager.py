@@ -3,17 +3,17 @@
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from slora_vtc.memory.pool import CountingPool, TokenPool
-from slora_vtc.memory.radix import Node, RadixCache
 from slora_vtc.request import Request
 
-if TYPE_CHECKING:  # the memory layer lies below the backends: only for the annotations
+if TYPE_CHECKING:  # the backends lie above; numpy and the radix tree are imported where slot ids are used
+    import numpy as np
+
     from slora_vtc.backends.base import ModelBackend
     from slora_vtc.config import EngineConfig
+    from slora_vtc.memory.radix import Node, RadixCache
 
-AdapterHook = Callable[[str, np.ndarray], None]
+AdapterHook = Callable[[str, "np.ndarray"], None]
 
 
 class MemoryManager:
@@ -47,10 +47,14 @@ class MemoryManager:
         self._counts: dict[int, int] = {}  # on a CountingPool: the slots each running request holds
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
-        self.adapters: dict[str, np.ndarray | int] = {}  # slot ids (a count on a CountingPool)
-        self.cache = RadixCache(pool) if cache else None
+        self.adapters: dict[str, "np.ndarray | int"] = {}  # slot ids (a count on a CountingPool)
+        self.cache: "RadixCache | None" = None
+        if cache:
+            from slora_vtc.memory.radix import RadixCache
+
+            self.cache = RadixCache(pool)
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
-        self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
+        self._node: dict[int, "Node"] = {}  # with a cache: the deepest tree node each running request locks
         self._matched: dict[
             int, tuple
         ] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
@@ -194,7 +198,7 @@ class MemoryManager:
             self.cache.unlock(self._node[req.rid])
             self._node[req.rid] = node
 
-    def _alloc(self, n: int) -> np.ndarray:
+    def _alloc(self, n: int) -> "np.ndarray | int":
         if self.cache and self.pool.num_free < n:
             self.cache.evict(n - self.pool.num_free)
         return self.pool.alloc(n)

@@ -2,10 +2,14 @@
 
 `TokenPool` hands out slot ids, which a real backend indexes its K/V cache with and the prefix
 cache's tree records. `CountingPool` only counts: a simulated run without the prefix cache reads no
-slot id, so it needs only how many slots are free (the same counts a TokenPool would have).
+slot id, so it needs only how many slots are free (the same counts a TokenPool would have), and
+imports no numpy.
 """
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class PoolExhausted(RuntimeError):
@@ -18,6 +22,8 @@ class TokenPool:
     hands_out_ids = True
 
     def __init__(self, size: int):
+        import numpy as np
+
         self.size = size
         self._free = np.arange(size - 1, -1, -1, dtype=np.int64)
         self._top = size
@@ -31,7 +37,7 @@ class TokenPool:
     def num_used(self) -> int:
         return self.size - self._top
 
-    def alloc(self, n: int) -> np.ndarray:
+    def alloc(self, n: int) -> "np.ndarray":
         if n > self._top:
             raise PoolExhausted(f"asked for {n} slots, {self._top} of {self.size} free")
         self._top -= n
@@ -40,6 +46,8 @@ class TokenPool:
         return slots
 
     def free(self, slots) -> None:
+        import numpy as np
+
         slots = np.asarray(slots, dtype=np.int64)
         if not self._in_use[slots].all():
             raise ValueError("freeing a slot that is not allocated (double free)")
