@@ -6,8 +6,6 @@ The same function serves simulated and real runs; only the backend (and so the c
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-import numpy as np
-
 from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.registry import BackendSettings, build_backend, get_backend
 from slora_vtc.backends.sim import DEFAULT_TESTBED
@@ -146,6 +144,8 @@ class Experiment:
         vocab = {"vocab_size": resolve_spec(self.model_name).vocab_size} if self.real_backend else {}
         requests = workload.requests(self.added_tokens, **vocab)
         if self.jitter_ms:
+            import numpy as np
+
             delays = np.random.default_rng(self.seed).uniform(0.0, self.jitter_ms / 1000, len(requests))
             for r, delay in zip(requests, delays):
                 r.arrival += float(delay)
