@@ -163,13 +163,14 @@ class SimBackend(ModelBackend):
     def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
         # decode_time's terms, summed in its order, and the clock's sum step by step: the same floats
         d, e, f = self.model.decode_coef
-        fixed, overhead = d + e * max(0, len(reqs) - self.model.decode_knee), self.model.overhead_s
+        n = len(reqs)
+        fixed, overhead = d + e * max(0, n - self.model.decode_knee), self.model.overhead_s
         context, now = sum(r.prompt_len + r.generated for r in reqs), start
         for done in range(1, steps + 1):
             now += fixed + f * context + overhead
             if now >= until:
                 return done, now
-            context += len(reqs)
+            context += n
         return steps, now
 
 
