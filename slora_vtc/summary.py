@@ -63,14 +63,15 @@ def fairness(
 
 def _window_service(mine: list[Response], starts: list[float], cost: CostFunction) -> list[float]:
     """Service received in each window, per second: each request's spread over [first token, finish]."""
-    step, totals = starts[0], [0.0] * len(starts)
+    totals = [0.0] * len(starts)
     for r in mine:
         begin, end = r.req_time + r.first_token_latency, r.req_time + r.request_latency
         if end < 1 or end - begin < 1e-5:  # the artifact skips these
             continue
         service = cost(r.prompt_len, r.output_len)
-        for k in _windows(begin - WINDOW_S, end, step, len(starts)):
-            overlap = min(starts[k] + WINDOW_S, end) - max(starts[k], begin)
+        for k in _windows(begin - WINDOW_S, end, starts):
+            start = starts[k]
+            overlap = (start + WINDOW_S if start + WINDOW_S < end else end) - (start if start > begin else begin)
             if overlap > 0:
                 totals[k] += overlap / (end - begin) * service
     return [t / WINDOW_S for t in totals]
@@ -78,20 +79,22 @@ def _window_service(mine: list[Response], starts: list[float], cost: CostFunctio
 
 def _window_offered(mine: list[Response], starts: list[float], cost: CostFunction) -> list[float]:
     """Service asked for by the requests sent in each window [start, start + 60], per second."""
-    step, totals = starts[0], [0.0] * len(starts)
+    totals = [0.0] * len(starts)
     for r in mine:
-        for k in _windows(r.req_time - WINDOW_S, r.req_time, step, len(starts)):
-            if starts[k] <= r.req_time <= starts[k] + WINDOW_S:
-                totals[k] += cost(r.prompt_len, r.output_len)
+        sent, asked = r.req_time, cost(r.prompt_len, r.output_len)
+        for k in _windows(sent - WINDOW_S, sent, starts):
+            if starts[k] <= sent <= starts[k] + WINDOW_S:
+                totals[k] += asked
     return [t / WINDOW_S for t in totals]
 
 
-def _windows(lo: float, hi: float, step: float, count: int) -> range:
-    """Indices k (window k starts at step * (k + 1)) whose start may lie in [lo, hi]; a superset,
-    one index wider on each side, for the caller's exact test."""
+def _windows(lo: float, hi: float, starts: list[float]) -> range:
+    """Indices of the windows whose start may lie in [lo, hi] (starts[k] = step * (k + 1)): a
+    superset, a window wider on each side, for the caller's exact test."""
+    step = starts[0]
     if step <= 0:
-        return range(count)
-    return range(max(0, math.floor(lo / step) - 2), min(count, math.ceil(hi / step) + 1))
+        return range(len(starts))
+    return range(max(0, math.floor(lo / step) - 2), min(len(starts), math.ceil(hi / step) + 1))
 
 
 def throughput(result: RunResult) -> float:
