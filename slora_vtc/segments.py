@@ -10,10 +10,9 @@ Text form (CSV and parquet trace files): `name:length` pairs joined by `|`, e.g.
 a name may hold `:` (the length is after the last one) but not `|`.
 """
 
-import hashlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # numpy is imported when ids are drawn (a workload without segments needs none)
+if TYPE_CHECKING:  # numpy (and hashlib) are imported where ids are drawn: a workload without segments needs neither
     import numpy as np
 
 FIRST_ID = 3
@@ -24,6 +23,8 @@ Segments = tuple[tuple[str, int], ...]
 
 def segment_ids(name: str, length: int, vocab_size: int = 32000) -> "np.ndarray":
     """The `length` token ids of segment `name` (int32)."""
+    import hashlib
+
     import numpy as np
 
     seed = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
