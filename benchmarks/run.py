@@ -9,12 +9,8 @@ sections of that file. See benchmarks/README.md for what each number means.
 """
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +22,7 @@ import model_vs_hf
 import numpy as np
 import sched_overhead as so
 import sim_speed
+from machine import machine_info
 from tqdm import tqdm
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -131,39 +128,6 @@ SECTIONS: dict[str, Callable[[Settings], object]] = {
 
 
 # -- machine and targets --------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=RESULTS.parent, capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return rev.stdout.strip() or "unknown"
-
-
-def machine_info() -> dict:
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "git": git_revision(),
-    }
-
-
 def target_checks(results: dict) -> list[dict]:
     checks = []
     vtc = {r["clients"]: r["us_per_admitted"] for r in results.get("select", []) if r["scheduler"] == "vtc"}
@@ -397,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
     results = load_previous(args.out) if args.only else {}
-    results.update(machine=machine_info(), mode="quick" if args.quick else "full")
+    results.update(machine=machine_info(numpy=np.__version__), mode="quick" if args.quick else "full")
     for name in args.sections:
         results[name] = SECTIONS[name](settings)
         results.setdefault("measured_at", {})[name] = results["machine"]["date"]

@@ -4,7 +4,8 @@ or a real backend's adapter weights.
 
 The builder owns what every engine needs beside its scheduler and backend: the backend's warm-up,
 the token pool and the memory manager over it (adapters loaded into their slots by the backend,
-the prefix cache when the config asks for it) and the clock: virtual time for a simulated backend,
+the prefix cache when the config asks for it; a pool that only counts where nothing reads slot ids)
+and the clock: virtual time for a simulated backend,
 the wall clock (scaled by `time_scale`) for a real one, started after the warm-up so that compiling
 kernels takes no time of the run. A caller that needs another clock (the cluster's replicas share
 virtual time; `generate` times nothing) passes its own.
@@ -14,7 +15,7 @@ from slora_vtc.backends.base import ModelBackend
 from slora_vtc.clock import Clock, VirtualClock, WallClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import EndHook, Engine
-from slora_vtc.memory import MemoryManager, TokenPool
+from slora_vtc.memory import CountingPool, MemoryManager, TokenPool
 from slora_vtc.sched.base import Scheduler
 
 
@@ -31,7 +32,15 @@ def build_engine(
     backend.warmup()
     if clock is None:
         clock = VirtualClock() if backend.simulated else WallClock(time_scale)
-    memory = MemoryManager(
+    return Engine(config, scheduler, backend, clock, build_memory(config, backend), on_end)
+
+
+def build_memory(config: EngineConfig, backend: ModelBackend) -> MemoryManager:
+    """The memory manager an engine with this backend needs: slot ids where something reads them
+    (a real backend's K/V cache and adapter weights, the prefix cache's tree), counts otherwise (a
+    simulated backend without the prefix cache, whose runs then give the same result files faster)."""
+    if backend.simulated and not config.prefix_cache:
+        return MemoryManager(CountingPool(config.pool_tokens), config.slots_of)
+    return MemoryManager(
         TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
     )
-    return Engine(config, scheduler, backend, clock, memory, on_end)

@@ -7,8 +7,6 @@ the metrics measure service with the same function, so both always agree.
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import numpy as np
-
 
 class CostFunction(ABC):
     """A monotone service cost; works on floats and on numpy arrays alike."""
@@ -50,6 +48,8 @@ class ProfiledCost(CostFunction):
     @classmethod
     def fit(cls, points: list[tuple[int, int, float]]) -> "ProfiledCost":
         """Least-squares fit to (input_len, output_len, milliseconds per request) points."""
+        import numpy as np
+
         x, y, ms = (np.array(col, dtype=float) for col in zip(*points))
         design = np.stack([x, y, x * y, y * y, np.ones_like(x)], axis=1)
         coef, *_ = np.linalg.lstsq(design, ms, rcond=None)

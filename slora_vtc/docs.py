@@ -32,6 +32,8 @@ SOURCES = {
     "http": "benchmarks/results/http_load.json",  # benchmarks/http_load.py
     "gateway": "benchmarks/results/gateway_overhead.json",  # benchmarks/gateway_overhead.py
     "metrics": "benchmarks/results/metrics_scrape.json",  # benchmarks/metrics_scrape.py
+    "refsim": "benchmarks/results/refsim_ratio.json",  # benchmarks/refsim_ratio.py
+    "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
-import numpy as np
-
 from slora_vtc.backends.registry import BackendSettings, get_backend
 from slora_vtc.backends.sim import DEFAULT_TESTBED
 from slora_vtc.config import EngineConfig
@@ -289,6 +287,8 @@ class Experiment:
         vocab = {"vocab_size": resolve_spec(self.backend.model_name).vocab_size} if self.backend.real else {}
         requests = workload.requests(self.workload.added_tokens, **vocab)
         if self.workload.jitter_ms:
+            import numpy as np  # only here: a run without jitter imports no numpy
+
             rng = np.random.default_rng(self.workload.seed)
             delays = rng.uniform(0.0, self.workload.jitter_ms / 1000, len(requests))
             for r, delay in zip(requests, delays, strict=True):

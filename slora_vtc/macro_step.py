@@ -38,7 +38,7 @@ def alike_steps(
     """Decode steps of `running` from now that single steps would run alike, the engine asking the
     scheduler after `first_attempt` of them and after every one from then on (0: not one, as a
     preemption, an eviction or an admission may come first); arrivals are the backend's to stop at."""
-    steps = min(r.remaining for r in running)  # the step in which one finishes is the last
+    steps = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
     if memory.cache is not None:  # no eviction: the tree, and so every match, stays as it is
         steps = min(steps, memory.pool.num_free // len(running))
     elif config.admission == "optimistic":  # no preemption

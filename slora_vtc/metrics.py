@@ -1,20 +1,17 @@
 """Fairness and performance metrics, computed as the artifact did (docs/design.md, "Metrics").
 
 A request's service (cost h of its prompt and output) is spread uniformly over [first token,
-finish]. Figures, tables, the CLI and the tests all use these functions.
+finish]. Figures, tables, sweeps and the tests use these functions; the table `slora-vtc run`
+prints comes from slora_vtc.summary, the same formulas in plain Python (no numpy at start-up).
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.results import RunResult
-
-WINDOW_S = 60.0
-WARMUP_S = 30.0
-TABLE_WINDOWS = 20  # the artifact cuts (horizon - warm-up) into 20 parts and starts a window at each inner cut
+from slora_vtc.summary import TABLE_WINDOWS, WARMUP_S, WINDOW_S, FairnessSummary
 
 
 def _served(result: RunResult) -> np.ndarray:
@@ -72,13 +69,6 @@ def service_difference(result: RunResult, ticks, cost: CostFunction = LinearCost
 
 def synthetic_ticks(duration: float, per: int = 30) -> np.ndarray:
     return np.linspace(0, duration, per + 1)
-
-
-@dataclass(frozen=True)
-class FairnessSummary:
-    max: float
-    avg: float
-    var: float
 
 
 def table_windows(horizon: float) -> np.ndarray:

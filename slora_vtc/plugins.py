@@ -9,7 +9,6 @@ import importlib
 import importlib.util
 import os
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from slora_vtc.errors import UserError
@@ -20,10 +19,37 @@ ENTRY_POINT_GROUP = "slora_vtc.plugins"
 
 def load_plugins(given: list[str]) -> None:
     env = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()
+    if _may_declare_entry_points(ENTRY_POINT_GROUP):
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
     for name in [*env, *given]:
         _load(name)
+
+
+def _may_declare_entry_points(group: str) -> bool:
+    """Whether an installed distribution may declare entry points in `group`: a look for the group's
+    name in the entry_points.txt files of the metadata folders on sys.path (about 1 ms), so that
+    a start without such plugins does not import and run importlib.metadata (tens of ms). What it
+    cannot look into (a zip archive on sys.path) counts as a maybe."""
+    for entry in sys.path:
+        folder = entry or "."
+        if os.path.isfile(folder):
+            return True
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info")):
+                try:
+                    with open(os.path.join(folder, name, "entry_points.txt"), encoding="utf-8") as f:
+                        if group in f.read():
+                            return True
+                except (OSError, UnicodeDecodeError):
+                    continue
+    return False
 
 
 def _load(name: str) -> None:

@@ -3,11 +3,13 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
+
+if TYPE_CHECKING:  # numpy only for the metrics' arrays: writing a result file needs none
+    import numpy as np
 
 RESPONSE_FIELDS = ("client", "prompt_len", "output_len", "req_time", "first_token_latency", "request_latency", "status")
 MEMORY_FIELDS = ("cached_tokens", "preemptions", "recomputed")  # written only when not 0 (the paper's runs have none)
@@ -49,12 +51,26 @@ class Response:
         )
 
     def record(self) -> dict:
-        fields = dict(
-            self.__dict__
-        )  # its fields in order, all plain values (asdict's deep copy costs a tenth of a run)
-        if self.replica is None:
-            del fields["replica"]
-        return {k: v for k, v in fields.items() if k not in MEMORY_FIELDS or v}
+        """Its fields in order, the memory ones only when not 0 and the replica only in a cluster run
+        (built field by field: this runs once per request of every result file written)."""
+        fields = {
+            "client": self.client,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "req_time": self.req_time,
+            "first_token_latency": self.first_token_latency,
+            "request_latency": self.request_latency,
+            "status": self.status,
+        }
+        if self.cached_tokens:
+            fields["cached_tokens"] = self.cached_tokens
+        if self.preemptions:
+            fields["preemptions"] = self.preemptions
+        if self.recomputed:
+            fields["recomputed"] = self.recomputed
+        if self.replica is not None:
+            fields["replica"] = self.replica
+        return fields
 
 
 @dataclass(frozen=True)
@@ -76,10 +92,12 @@ class RunResult:
     def clients(self) -> list[str]:
         return sorted({r.client for r in self.responses}, key=client_sort_key)
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str) -> "np.ndarray":
         """One response field as a numpy array (cached), for the metrics."""
         cache = self.__dict__.setdefault("_arrays", {})
         if name not in cache:
+            import numpy as np
+
             cache[name] = np.array([getattr(r, name) for r in self.responses])
         return cache[name]
 
@@ -87,12 +105,11 @@ class RunResult:
         return sum(r.status == status for r in self.responses)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "config": self.config,
-                "result": {"total_time": self.total_time, "responses": [r.record() for r in self.responses]},
-            }
-        )
+        record = {
+            "config": self.config,
+            "result": {"total_time": self.total_time, "responses": [r.record() for r in self.responses]},
+        }
+        return json.dumps(record, check_circular=False)  # a tree of fresh dicts: no cycle to look for
 
 
 def client_sort_key(name: str) -> tuple:

@@ -6,22 +6,23 @@ builder picks) differs.
 """
 
 from dataclasses import replace
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from slora_vtc.backends.base import ModelBackend
 from slora_vtc.backends.registry import build_backend
 from slora_vtc.builder import build_engine
-from slora_vtc.cluster import RouterOptions, build_router
-from slora_vtc.cluster.serve import build_cluster, serve_cluster
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import Experiment
 from slora_vtc.model.spec import resolve_spec
+from slora_vtc.progress import LazyProgress
 from slora_vtc.request import Request
 from slora_vtc.results import RunResult
 from slora_vtc.sched import Scheduler, build_scheduler
 from slora_vtc.workload import Workload
+
+if TYPE_CHECKING:
+    from slora_vtc.cluster import RouterOptions
 
 
 def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = True) -> RunResult:
@@ -44,6 +45,9 @@ def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = 
 
 def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult:
     """Several simulated replicas behind a router; the result records each request's replica."""
+    from slora_vtc.cluster import build_router  # only for a cluster run: a single engine's start skips it
+    from slora_vtc.cluster.serve import build_cluster, serve_cluster
+
     if exp.backend.real:
         raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
     workload, configs = exp.workload.build(), exp.replica_configs()
@@ -65,7 +69,9 @@ def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult
     return RunResult.of(result_config, requests, total, cluster.replica_of)
 
 
-def router_options(exp: Experiment, workload: Workload) -> RouterOptions:
+def router_options(exp: Experiment, workload: Workload) -> "RouterOptions":
+    from slora_vtc.cluster import RouterOptions
+
     cluster = exp.cluster
     return RouterOptions(
         tuple(workload.clients), exp.workload.seed, cluster.routers, cluster.router_sync, cluster.ingress_skew
@@ -86,7 +92,7 @@ def serve_requests(
 
     A simulated backend runs on a virtual clock; a real one on the wall clock, scaled by `time_scale`.
     """
-    with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
+    with LazyProgress(len(requests), label, enabled=progress) as bar:
         engine = build_engine(config, scheduler, backend, on_end=lambda _: bar.update(), time_scale=time_scale)
         engine.run(requests, until=horizon)
     return engine.clock.now()

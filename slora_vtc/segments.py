@@ -10,9 +10,10 @@ Text form (CSV and parquet trace files): `name:length` pairs joined by `|`, e.g.
 a name may hold `:` (the length is after the last one) but not `|`.
 """
 
-import hashlib
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy (and hashlib) are imported where ids are drawn: a workload without segments needs neither
+    import numpy as np
 
 FIRST_ID = 3
 SEPARATOR = "|"
@@ -20,8 +21,12 @@ SEPARATOR = "|"
 Segments = tuple[tuple[str, int], ...]
 
 
-def segment_ids(name: str, length: int, vocab_size: int = 32000) -> np.ndarray:
+def segment_ids(name: str, length: int, vocab_size: int = 32000) -> "np.ndarray":
     """The `length` token ids of segment `name` (int32)."""
+    import hashlib
+
+    import numpy as np
+
     seed = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
     return np.random.default_rng(seed).integers(FIRST_ID, vocab_size, size=length, dtype=np.int32)
 
@@ -33,16 +38,18 @@ class SegmentExpander:
         if vocab_size <= FIRST_ID:
             raise ValueError(f"vocab_size must exceed {FIRST_ID}, got {vocab_size}")
         self.vocab_size = vocab_size
-        self._ids: dict[tuple[str, int], np.ndarray] = {}
+        self._ids: dict[tuple[str, int], "np.ndarray"] = {}
 
-    def ids(self, name: str, length: int) -> np.ndarray:
+    def ids(self, name: str, length: int) -> "np.ndarray":
         key = (name, length)
         if key not in self._ids:
             self._ids[key] = segment_ids(name, length, self.vocab_size)
         return self._ids[key]
 
-    def expand(self, segments: Segments, prefix: tuple[int, ...] = ()) -> np.ndarray:
+    def expand(self, segments: Segments, prefix: tuple[int, ...] = ()) -> "np.ndarray":
         """`prefix` ids (a BOS), then every segment's ids in order."""
+        import numpy as np
+
         parts = [np.asarray(prefix, dtype=np.int32)] + [self.ids(n, k) for n, k in segments]
         return np.concatenate(parts)
 

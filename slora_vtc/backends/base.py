@@ -2,10 +2,12 @@
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.request import Request
+
+if TYPE_CHECKING:  # only for an annotation: the simulator's path imports no numpy
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ModelBackend(ABC):
         """Whether the backend can serve this LoRA adapter (a simulated one serves any name: it has no weights)."""
         return True
 
-    def load_adapter(self, name: str, slots: np.ndarray) -> None:  # noqa: B027 (optional hook, a no-op by default)
+    def load_adapter(self, name: str, slots: "np.ndarray") -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Copy an adapter's weights into the pool slots just allocated for it (MemoryManager's on_load)."""
 
     def warmup(self) -> None:  # noqa: B027 (optional hook, a no-op by default)

@@ -23,13 +23,14 @@ that testbed's session. Nothing is tuned per figure.
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
-from slora_vtc.profile import PrefixHitPoint, ProfilePoint, load_prefix_hits, load_profile
 from slora_vtc.request import Request
+
+if TYPE_CHECKING:  # profiles are read, and numpy fits to them, only when a run refits the model
+    from slora_vtc.profile import PrefixHitPoint, ProfilePoint
 
 TILE_QUERIES = 128  # queries of one attention tile: each cached K/V is read once per tile
 
@@ -60,7 +61,7 @@ class StepTimeModel:
         return d + e * max(0, num_reqs - self.decode_knee) + f * context_tokens + self.overhead_s
 
     @classmethod
-    def fit(cls, points: list[ProfilePoint]) -> "StepTimeModel":
+    def fit(cls, points: "list[ProfilePoint]") -> "StepTimeModel":
         prefill_rows = [[1.0, p.batch_size, p.batch_size * p.input_len] for p in points]
         prefill = _fit_nonnegative(prefill_rows, [p.batch_size * p.prefill_s for p in points])
         decode_y = [p.batch_size * p.decode_s for p in points]
@@ -71,11 +72,13 @@ class StepTimeModel:
         decode, knee = min(fits, key=lambda fit: _relative_sse(_decode_rows(points, fit[1]), decode_y, fit[0]))
         return cls(prefill, decode, knee)
 
-    def with_prefix_hits(self, hits: list[PrefixHitPoint]) -> "StepTimeModel":
+    def with_prefix_hits(self, hits: "list[PrefixHitPoint]") -> "StepTimeModel":
         """g fitted to prefill times measured over a cached prefix (least squares on relative error,
         what the rest of the prefill model does not explain); unchanged without hit points."""
         if not hits:
             return self
+        import numpy as np
+
         n = np.array([h.batch_size for h in hits], dtype=float)
         y = n * np.array([h.prefill_s for h in hits])
         x = n * np.array([h.extend_len * h.cached_len for h in hits], dtype=float)
@@ -84,7 +87,7 @@ class StepTimeModel:
         g = float(((y - rest) * x * w).sum() / max((x * x * w).sum(), 1e-30))
         return replace(self, cached_coef=max(0.0, g))
 
-    def residuals(self, points: list[ProfilePoint]) -> list[tuple[ProfilePoint, float, float]]:
+    def residuals(self, points: "list[ProfilePoint]") -> "list[tuple[ProfilePoint, float, float]]":
         """(point, relative error of prefill, relative error of decode) of the forward-pass model."""
         if self.overhead_s or self.cold_start_s:
             return replace(self, overhead_s=0.0, cold_start_s=0.0).residuals(points)
@@ -97,7 +100,7 @@ class StepTimeModel:
         return out
 
 
-def _decode_rows(points: list[ProfilePoint], knee: int) -> list[list[float]]:
+def _decode_rows(points: "list[ProfilePoint]", knee: int) -> list[list[float]]:
     """Per point, the totals of each term over its y decode steps (step k attends over x + k)."""
     return [
         [
@@ -110,6 +113,8 @@ def _decode_rows(points: list[ProfilePoint], knee: int) -> list[list[float]]:
 
 
 def _relative_sse(rows, y, coef) -> float:
+    import numpy as np
+
     y = np.asarray(y)
     return float((((np.asarray(rows) @ np.asarray(coef)) - y) / y) ** 2 @ np.ones(len(y)))
 
@@ -120,6 +125,8 @@ def _relative(predicted: float, measured: float) -> float:
 
 def _fit_nonnegative(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
     """Least squares on relative error; terms that come out negative are dropped and refitted."""
+    import numpy as np
+
     X, y = np.asarray(rows), np.asarray(y)
     weight = 1.0 / np.maximum(y, 1e-9)
     active = list(range(X.shape[1]))
@@ -156,13 +163,14 @@ class SimBackend(ModelBackend):
     def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
         # decode_time's terms, summed in its order, and the clock's sum step by step: the same floats
         d, e, f = self.model.decode_coef
-        fixed, overhead = d + e * max(0, len(reqs) - self.model.decode_knee), self.model.overhead_s
+        n = len(reqs)
+        fixed, overhead = d + e * max(0, n - self.model.decode_knee), self.model.overhead_s
         context, now = sum(r.prompt_len + r.generated for r in reqs), start
         for done in range(1, steps + 1):
             now += fixed + f * context + overhead
             if now >= until:
                 return done, now
-            context += len(reqs)
+            context += n
         return steps, now
 
 
@@ -217,6 +225,8 @@ def sim_backend(testbed: str = DEFAULT_TESTBED, profile: str | None = None) -> S
     """A testbed's model; a profile file refits its forward pass, keeping what the testbed adds."""
     model = load_testbed(testbed)
     if profile is not None:
+        from slora_vtc.profile import load_prefix_hits, load_profile
+
         fitted = StepTimeModel.fit(load_profile(profile)).with_prefix_hits(load_prefix_hits(profile))
         model = replace(fitted, overhead_s=model.overhead_s, cold_start_s=model.cold_start_s)
     return SimBackend(model)

@@ -3,7 +3,7 @@ run (80 columns at most) and a legend naming every column's meaning and unit."""
 
 import textwrap
 
-from slora_vtc import metrics
+from slora_vtc import summary
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import cost_function
 from slora_vtc.results import RunResult
@@ -37,7 +37,7 @@ def run_label(config: dict) -> str:
 
 def summary_row(result: RunResult) -> dict:
     config = result.config
-    fair = metrics.fairness_summary(
+    fair = summary.fairness(
         result, float(config.get("duration", 600)), cost_function(config.get("cost", "linear")), _weights(result)
     )
     return {
@@ -45,8 +45,8 @@ def summary_row(result: RunResult) -> dict:
         "diff max": fair.max,
         "diff avg": fair.avg,
         "diff var": fair.var,
-        "tok/s": metrics.throughput(result),
-        "TTFT s": metrics.mean_response_time(result),
+        "tok/s": summary.throughput(result),
+        "TTFT s": summary.mean_response_time(result),
         "done": result.count("finished"),
         "rej": result.count("rejected"),
         "abort": result.count("aborted"),

@@ -4,8 +4,6 @@ the same replica's prefix cache."""
 import hashlib
 from bisect import bisect_right
 
-import numpy as np
-
 from slora_vtc.cluster.router import Router
 from slora_vtc.engine import Engine
 from slora_vtc.request import Request
@@ -41,6 +39,8 @@ class PrefixAffinity(Router):
         if req.prompt_ids is None:
             return stable_hash(req.client.encode())
         prefix = req.prompt_ids[req.added_tokens : req.added_tokens + self.prefix_tokens]
+        import numpy as np  # only with token ids
+
         return stable_hash(np.asarray(prefix, dtype=np.int64).tobytes())
 
     def route(self, req: Request, engines: list[Engine]) -> int:

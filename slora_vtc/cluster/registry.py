@@ -3,7 +3,6 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slora_vtc.cluster.d2lpm import D2LPM
 from slora_vtc.cluster.global_vtc import GlobalVTC
 from slora_vtc.cluster.least_load import LeastLoad
 from slora_vtc.cluster.prefix_affinity import PrefixAffinity
@@ -36,6 +35,12 @@ def _prefix_affinity(arg: str | None, o: RouterOptions) -> PrefixAffinity:
     )
 
 
+def _d2lpm(quantum: float) -> Router:
+    from slora_vtc.cluster.d2lpm import D2LPM  # (and numpy): only when it routes
+
+    return D2LPM(quantum)
+
+
 ROUTERS: dict[str, RouterEntry] = {
     "round-robin": RouterEntry(lambda a, o: RoundRobin(), "request k to replica k mod N"),
     "least-load": RouterEntry(lambda a, o: LeastLoad(), "the replica with the fewest waiting + running tokens"),
@@ -46,7 +51,7 @@ ROUTERS: dict[str, RouterEntry] = {
         optional=True,
     ),
     "d2lpm": RouterEntry(
-        lambda a, o: D2LPM(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
+        lambda a, o: _d2lpm(positive_arg("router", f"d2lpm:{a}", a, "the quantum")),
         "D2LPM: per-(client, replica) deficits refilled by Q_w, longest prefix match, least outstanding "
         "(replicas run dlpm:Q_u)",
         "QW",

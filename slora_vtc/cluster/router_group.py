@@ -22,8 +22,6 @@ O(routers x clients). This is for experiments on the failure, not for 10,000 cli
 import math
 from collections.abc import Callable
 
-import numpy as np
-
 from slora_vtc.memory.budget import UNLIMITED, AdmissionBudget
 from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler, Traits, arrival_key
@@ -37,6 +35,8 @@ class Ingress:
     def __init__(self, routers: int, clients: tuple[str, ...], skew: float, seed: int):
         self.routers, self.skew = routers, skew
         self._index = {c: i for i, c in enumerate(clients)}
+        import numpy as np  # only for a router group
+
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, req: Request) -> int:

@@ -2,8 +2,6 @@
 
 from collections.abc import Callable
 
-from tqdm import tqdm
-
 from slora_vtc.backends.base import ModelBackend
 from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
@@ -11,6 +9,7 @@ from slora_vtc.cluster.cluster import Cluster, StepHook
 from slora_vtc.cluster.router import NewScheduler, Router
 from slora_vtc.config import EngineConfig
 from slora_vtc.engine import Engine
+from slora_vtc.progress import LazyProgress
 from slora_vtc.request import Request
 from slora_vtc.sched.base import Scheduler
 
@@ -35,7 +34,7 @@ def serve_cluster(
     on_step: StepHook | None = None,
 ) -> float:
     """Serve requests arriving at their times until each has ended; returns the total time."""
-    with tqdm(total=len(requests), desc=label, unit="req", disable=not progress, leave=False) as bar:
+    with LazyProgress(len(requests), label, enabled=progress) as bar:
         hooks = [_counting(e.on_end, bar) for e in cluster.engines]
         for e, hook in zip(cluster.engines, hooks):
             e.on_end = hook

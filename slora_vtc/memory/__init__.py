@@ -2,6 +2,6 @@
 
 from slora_vtc.memory.admission import Budget, fits_alone
 from slora_vtc.memory.manager import MemoryManager
-from slora_vtc.memory.pool import PoolExhausted, TokenPool
+from slora_vtc.memory.pool import CountingPool, PoolExhausted, TokenPool
 
-__all__ = ["Budget", "MemoryManager", "PoolExhausted", "TokenPool", "fits_alone"]
+__all__ = ["Budget", "CountingPool", "MemoryManager", "PoolExhausted", "TokenPool", "fits_alone"]

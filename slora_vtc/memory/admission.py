@@ -81,10 +81,13 @@ class Budget(AdmissionBudget):
         self.available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
         self._prompt_tokens = 0
         shared = memory.shared_tokens if memory is not None and memory.cache is not None else None
-        # sorted once (stable: ties keep the running order, as inserting one by one after equals would)
-        entries = sorted(
-            ((-r.remaining, r.held_tokens - (shared(r) if shared else 0)) for r in running), key=itemgetter(0)
-        )
+        # sorted once (stable: ties keep the running order, as inserting one by one after equals would);
+        # the pairs are (-remaining, held_tokens) without their properties' calls, the hottest loop here
+        if shared:
+            pairs = [(-r.remaining, r.held_tokens - shared(r)) for r in running]
+        else:
+            pairs = [(r.generated - r.max_new_tokens, r.prompt_len + r.generated) for r in running]
+        entries = sorted(pairs, key=itemgetter(0))
         self.neg_to_generate: list[int] = [neg for neg, _ in entries]  # ascending, i.e. to_generate descending
         self.held: list[int] = [held for _, held in entries]
         self.count = len(entries)

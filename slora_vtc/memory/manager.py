@@ -1,14 +1,17 @@
 """Who holds which slots: each request's KV tokens, each resident LoRA adapter, and the prefix cache."""
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from slora_vtc.memory.pool import TokenPool
-from slora_vtc.memory.radix import Node, RadixCache
+from slora_vtc.memory.pool import CountingPool, TokenPool
 from slora_vtc.request import Request
 
-AdapterHook = Callable[[str, np.ndarray], None]
+if TYPE_CHECKING:  # the backends lie above; numpy and the radix tree are imported where slot ids are used
+    import numpy as np
+
+    from slora_vtc.memory.radix import Node, RadixCache
+
+AdapterHook = Callable[[str, "np.ndarray"], None]
 
 
 class MemoryManager:
@@ -23,22 +26,33 @@ class MemoryManager:
     holds for its adapter (locked while it runs), and the K/V it computes join the tree: its prompt
     right after its prefill, its generated tokens when it leaves (finished or preempted). A slot is
     then either the tree's or the request's own; `release` frees only the request's own.
+
+    On a CountingPool (a simulated backend without the cache: nothing reads slot ids) a request's
+    `kv_slots` stay empty and the manager counts the slots it holds; the pool's counts are the same.
     """
 
     def __init__(
         self,
-        pool: TokenPool,
+        pool: TokenPool | CountingPool,
         adapter_slots: int | Callable[[str], int],
         on_load: AdapterHook | None = None,
         cache: bool = False,
     ):
+        if not pool.hands_out_ids and (cache or on_load is not None):
+            raise ValueError("the prefix cache and adapter loading need slot ids: give the manager a TokenPool")
         self.pool = pool
+        self._ids = pool.hands_out_ids
+        self._counts: dict[int, int] = {}  # on a CountingPool: the slots each running request holds
         self.slots_of = adapter_slots if callable(adapter_slots) else (lambda _name: adapter_slots)
         self._on_load = on_load
-        self.adapters: dict[str, np.ndarray] = {}
-        self.cache = RadixCache(pool) if cache else None
+        self.adapters: dict[str, "np.ndarray | int"] = {}  # slot ids (a count on a CountingPool)
+        self.cache: "RadixCache | None" = None
+        if cache:
+            from slora_vtc.memory.radix import RadixCache
+
+            self.cache = RadixCache(pool)
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
-        self._node: dict[int, Node] = {}  # with a cache: the deepest tree node each running request locks
+        self._node: dict[int, "Node"] = {}  # with a cache: the deepest tree node each running request locks
         self._matched: dict[
             int, tuple
         ] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
@@ -83,10 +97,13 @@ class MemoryManager:
         for req in batch:
             self._ensure_adapter(req.adapter)
         for req in batch:
-            new = self._alloc(req.prefill_len - req.cached_len).tolist()
-            req.kv_slots.extend(new)
-            if self.cache:
-                self._own[req.rid] = new
+            if self._ids:
+                new = self._alloc(req.prefill_len - req.cached_len).tolist()
+                req.kv_slots.extend(new)
+                if self.cache:
+                    self._own[req.rid] = new
+            else:
+                self._counts[req.rid] = self._alloc(req.prefill_len - req.cached_len)
             if req.generated:
                 req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
 
@@ -111,6 +128,12 @@ class MemoryManager:
         """One more slot per running request and step, for the tokens the next decode steps write
         (`steps` at once get the slots that as many single calls would)."""
         n = len(running)
+        if not self._ids:
+            self.pool.alloc(n * steps)
+            counts = self._counts
+            for req in running:
+                counts[req.rid] += steps
+            return
         slots = self._alloc(n * steps).tolist()
         for i, req in enumerate(running):
             mine = slots[(steps - 1) * n + i :: -n]  # step 1 took the top of the free stack, as one call would
@@ -121,6 +144,9 @@ class MemoryManager:
     def release(self, req: Request, keep: bool = True) -> None:
         """Free the request's slots. With a cache and `keep`, the K/V it computed stay cached
         (`keep=False` for a request the model failed on: its K/V may be wrong)."""
+        if not self._ids:
+            self.pool.free(self._counts.pop(req.rid, 0))
+            return
         node = self._node.pop(req.rid, None) if self.cache else None
         if node is not None:
             ids = self.cache_ids(req) if keep else None
@@ -170,7 +196,7 @@ class MemoryManager:
             self.cache.unlock(self._node[req.rid])
             self._node[req.rid] = node
 
-    def _alloc(self, n: int) -> np.ndarray:
+    def _alloc(self, n: int) -> "np.ndarray | int":
         if self.cache and self.pool.num_free < n:
             self.cache.evict(n - self.pool.num_free)
         return self.pool.alloc(n)

@@ -46,7 +46,8 @@ def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, in
     if not (float(cost.w_p).is_integer() and float(cost.w_q).is_integer() and cost.w_q >= 0):
         return None
     if not vtc.refunds and not vtc.weights and vtc.charge_cached in (0, 1):  # every token w_q, whole inputs
-        rates = {name: n * int(cost.w_q) for name, n in Counter(req.client for req in running).items()}
+        w_q = int(cost.w_q)
+        rates = {name: n * w_q for name, n in Counter([req.client for req in running]).items()}
     else:
         rates = {}
         for req in running:

@@ -12,8 +12,6 @@ request costs h(x, max(y, p)) while it runs and exactly h(x, y) once it has ende
 
 from abc import ABC, abstractmethod
 
-import numpy as np
-
 from slora_vtc.request import Request
 from slora_vtc.sched.vtc import VTC, Record
 
@@ -39,6 +37,8 @@ class UniformErrorPredictor(LengthPredictor):
 
     def __init__(self, r: float, seed: int):
         self.r = r
+        import numpy as np  # only for this predictor: a plain run imports no numpy
+
         self._rng = np.random.default_rng(seed)
 
     def predict(self, req: Request) -> float:

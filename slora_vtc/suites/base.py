@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from slora_vtc.config import DEFAULT_POOL_TOKENS
 from slora_vtc.errors import UserError
@@ -14,7 +15,7 @@ MISSING_TRACE = (
     "slora-vtc trace build RAW.jsonl --rate 2.5 --duration 600 --out trace.jsonl"
 )
 
-Generator = Callable[[float, int], list[RequestSpec]]  # (duration, seed) -> requests
+Generator = Callable[[float, int], list[RequestSpec]]  # (duration, seed) -> requests, the same for the same arguments
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Suite:
         duration = self.duration if duration is None else duration
         if duration <= 0:
             raise UserError(f"duration must be positive, got {duration}")
+        if seed < 0:
+            raise UserError(f"the seed must not be negative, got {seed}")
         if self.replays_trace:
             return self._replay(duration, trace_path)
         if trace_path is not None:
@@ -44,7 +47,7 @@ class Suite:
                 f"suite '{self.name}' is generated from a seed; "
                 "--trace applies only to trace suites (real) and to `replay`"
             )
-        return Workload(self.name, client_names(self.num_clients), duration, tuple(self.generate(duration, seed)))
+        return _generated(self, duration, seed)
 
     def _replay(self, duration: float, trace_path: str | None) -> Workload:
         from slora_vtc.data import data_root
@@ -54,3 +57,10 @@ class Suite:
         if trace_path is None and not path.exists():
             raise UserError(MISSING_TRACE.format(suite=self.name, path=path))
         return trace_workload(self.name, read_trace(path), duration)
+
+
+@lru_cache(maxsize=4)
+def _generated(suite: Suite, duration: float, seed: int) -> Workload:
+    """A generated workload, kept for the next call with the same arguments (it is immutable, and a
+    run asks for it more than once: the CLI's checks, then the run)."""
+    return Workload(suite.name, client_names(suite.num_clients), duration, tuple(suite.generate(duration, seed)))

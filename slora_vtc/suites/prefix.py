@@ -58,11 +58,13 @@ largest (3,600 and 5,700 requests), take 1.4-1.7 s (`slora-vtc run`, start-up in
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slora_vtc.suites.base import Generator, Suite
 from slora_vtc.workload import RequestSpec, client_names
+
+if TYPE_CHECKING:  # numpy is imported when a prefix workload is generated, not with the suite list
+    import numpy as np
 
 GAMMA_CV = 0.5  # the paper draws Gamma arrivals (cv not given): steadier than Poisson for the few trees a run has
 QA_QUESTIONS_PER_DOC = 16
@@ -80,11 +82,11 @@ CHAT_USER_MEAN, CHAT_REPLY_MEAN = 56, 142  # Chatbot Arena's averages (dlpm.md, 
 CHAT_MAX_PROMPT = 2048  # a conversation ends before a turn whose prompt would pass this
 
 
-def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+def _uniform(rng: "np.random.Generator", bounds: tuple[int, int]) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def _starts(rng: np.random.Generator, rate: float, duration: float) -> Iterator[float]:
+def _starts(rng: "np.random.Generator", rate: float, duration: float) -> Iterator[float]:
     """Arrival times on [0, duration) of a Gamma process (gaps of mean 1 / rate, coefficient of variation GAMMA_CV)."""
     shape = 1.0 / GAMMA_CV**2
     t = float(rng.gamma(shape, 1.0 / (shape * rate)))
@@ -97,6 +99,8 @@ def _per_client(clients: list, make) -> Generator:
     """A generator calling make(rng, client name, client's settings, duration) for each client in turn."""
 
     def generate(duration: float, seed: int) -> list[RequestSpec]:
+        import numpy as np
+
         rng = np.random.default_rng(seed)
         names = client_names(len(clients))
         specs = [s for name, c in zip(names, clients) for s in make(rng, name, c, duration) if s.arrival < duration]
@@ -122,7 +126,7 @@ def qa(clients: list[QAClient]) -> Generator:
         specs = []
         for b in range(0, len(times), block):
             docs = [(f"{name}/doc{b // QA_QUESTIONS_PER_DOC + d}", _uniform(rng, c.doc)) for d in range(QA_OPEN_DOCS)]
-            order = rng.permutation(np.repeat(np.arange(QA_OPEN_DOCS), QA_QUESTIONS_PER_DOC))
+            order = rng.permutation([d for d in range(QA_OPEN_DOCS) for _ in range(QA_QUESTIONS_PER_DOC)])
             for k, (t, d) in enumerate(zip(times[b : b + block], order)):
                 segments = (docs[d], (f"{name}/q{b + k}", _uniform(rng, QA_QUESTION)))
                 specs.append(RequestSpec(name, sum(n for _, n in segments), QA_OUTPUT, t, segments))
@@ -222,7 +226,7 @@ def chat(clients: list[ChatClient]) -> Generator:
     return _per_client(clients, make)
 
 
-def _length(rng: np.random.Generator, mean: int) -> int:
+def _length(rng: "np.random.Generator", mean: int) -> int:
     """A message length with about the given mean and a long tail (geometric), from 1 to 1023 tokens."""
     return min(int(rng.geometric(1.0 / mean)), 1023)
 

@@ -1,0 +1,41 @@
+"""The machine a benchmark ran on, recorded beside its numbers (these machines differ by up to 3x)."""
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return rev.stdout.strip() or "unknown"
+
+
+def machine_info(**versions: str) -> dict:
+    """Date, CPU, cores, platform, Python, the git revision, and any `versions` given (name=version)."""
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **versions,
+        "git": git_revision(),
+    }
