@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from slora_vtc.cli.plugins import ENTRY_POINT_GROUP, load_plugins
+from slora_vtc.plugins import ENTRY_POINT_GROUP, load_plugins
 
 
 def install(site, dist: str, entry_points: str) -> None:

@@ -8,8 +8,9 @@ from slora_vtc import metrics, summary
 from slora_vtc.cli.report import plain_table
 from slora_vtc.cost import LinearCost, ProfiledCost
 from slora_vtc.data import measured_run
-from slora_vtc.experiment import Experiment, run_experiment
+from slora_vtc.experiment import Experiment
 from slora_vtc.results import Response, RunResult, read_results
+from slora_vtc.runner import run_experiment
 
 RUNS = [
     {"suite": "overload", "scheduler": "vtc", "duration": 120},
@@ -24,7 +25,7 @@ WEIGHTS = {"client0": 1.0, "client1": 2.0, "client2": 3.0, "client3": 4.0}
 
 
 def simulated(case: dict) -> RunResult:
-    return run_experiment(Experiment(**case))
+    return run_experiment(Experiment.of(**case))
 
 
 def measured(name: str) -> RunResult:
