@@ -2,7 +2,9 @@
 
 Text arrives in pieces; a stop string may span pieces. The matcher releases text only once it can
 no longer be part of a stop string: a trailing piece that is the start of some stop string waits
-for the next piece (or for the end, when it is released after all).
+for the next piece (or for the end, when it is released after all). The stop is the one the text
+completes first (the earliest end; of those ending there, the one starting first), as a generation
+stops as soon as a stop string appears, so the answer does not depend on how the text was split.
 """
 
 
@@ -17,9 +19,9 @@ class StopMatcher:
         if not self.stops or self.matched is not None:
             return text if self.matched is None else ""
         text = self._held + text
-        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
-            at, self.matched = min(hits)
+            _, at, self.matched = min(hits)
             self._held = ""
             return text[:at]
         keep = self._partial_len(text)

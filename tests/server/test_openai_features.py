@@ -74,12 +74,14 @@ PROMPT = [1, 40, 41, 42]
     st.lists(st.text("ab\u00e9", min_size=1, max_size=3), max_size=3),
 )
 def test_stop_matcher_equals_cutting_the_whole_text_at_the_first_stop(pieces, stops):
+    """The first stop is the one the text completes first (a generation stops there): the earliest
+    end, then the earliest start; how the text was split into pieces does not matter."""
     whole = "".join(pieces)
-    hits = [i for s in stops if (i := whole.find(s)) >= 0]
+    hits = [(i + len(s), i) for s in stops if (i := whole.find(s)) >= 0]
     matcher = StopMatcher(tuple(stops))
     out = "".join(matcher.push(p) for p in pieces)
     if hits:
-        assert out == whole[: min(hits)] and matcher.matched is not None
+        assert out == whole[: min(hits)[1]] and matcher.matched is not None
     else:
         assert out + matcher.flush() == whole and matcher.matched is None
 
