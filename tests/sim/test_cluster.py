@@ -242,9 +242,12 @@ def test_global_vtc_keeps_backlogged_clients_within_the_cluster_bound(case):
     c = cluster("global-vtc", "vtc", pools)
     diffs = backlogged_differences(c, requests)
     assert all(r.state is State.FINISHED for r in requests)
-    bound = W_Q * sum(pools)
+    # docs/beyond.md derives 2 w_q sum(M_r) for the difference over any interval: [0, t] (both
+    # start at 0) and between any two steps. Half of it bounds counters, not services: hypothesis
+    # found 110 requests on pools 600, 619, 1529, 1999 whose services differ by 9,521 > 9,494.
+    bound = 2 * W_Q * sum(pools)
     assert all(abs(d) <= bound for d in diffs)
-    assert not diffs or max(diffs) - min(diffs) <= 2 * bound
+    assert not diffs or max(diffs) - min(diffs) <= bound
 
 
 def skewed_requests(n: int = 1600) -> list[Request]:
