@@ -1,7 +1,8 @@
 """POST /tokenize, POST /detokenize and GET /version, in vLLM's shapes.
 
 /tokenize answers the ids this server would feed the model for a prompt (its BOS included), with
-their count and the model's context; /detokenize the text of ids of the model's vocabulary.
+their count and the model's context; /detokenize the text of ids of the model's vocabulary. A
+`model` that this server does not serve is a 404, as on the completion routes (and vLLM's).
 """
 
 import asyncio
@@ -12,6 +13,7 @@ from pydantic import BaseModel, field_validator
 from slora_vtc import __version__
 from slora_vtc.server.deps import ContextDep
 from slora_vtc.server.generation import prompt_ids
+from slora_vtc.server.openai_api import check_model
 from slora_vtc.serving.errors import ApiError
 from slora_vtc.serving.protocol import STRICT, UnicodeText, is_token_ids
 
@@ -39,12 +41,14 @@ class DetokenizeRequest(BaseModel):
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, ctx: ContextDep) -> dict:
+    check_model(ctx, body.model)
     ids = await asyncio.to_thread(prompt_ids, ctx, body.prompt)
     return {"count": len(ids), "max_model_len": ctx.spec.max_position, "tokens": ids}
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, ctx: ContextDep) -> dict:
+    check_model(ctx, body.model)
     vocab = ctx.spec.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:
