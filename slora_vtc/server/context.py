@@ -86,10 +86,12 @@ class ServerContext:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    def is_base_model(self, name: str) -> bool:
-        """Whether a request's `model` names the base model: one of its served names; without them (as before
-        --served-model-name), its own name or the --model given."""
-        return name in self.model_names or (not self.config.served_model_names and name == self.config.model)
+    @property
+    def base_model_aliases(self) -> tuple[str, ...]:
+        """What a request's `model` may say for the base model: its served names; without --served-model-name,
+        also the --model given (a folder's path)."""
+        given = () if self.config.served_model_names else (self.config.model,)
+        return tuple(dict.fromkeys((*self.model_names, *given)))
 
 
 def own_name(model: str) -> str:

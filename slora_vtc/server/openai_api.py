@@ -26,10 +26,11 @@ from slora_vtc.server.generation import (
     sampling,
     sse_response,
     start_all,
+    streamed,
 )
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
 from slora_vtc.serving.clients import ClientConfig
-from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.errors import ApiError, error_responses
 from slora_vtc.serving.protocol import (
     CHAT_DEFAULT_MAX_TOKENS,
     COMPLETION_DEFAULT_MAX_TOKENS,
@@ -39,6 +40,10 @@ from slora_vtc.serving.protocol import (
 )
 
 router = APIRouter()
+GENERATION_ANSWERS = {
+    200: streamed('the whole answer as JSON, or with "stream": true, its chunks as server-sent events'),
+    **error_responses(400, 401, 403, 404, 413, 429, 503),
+}
 
 
 @router.get("/v1/models")
@@ -46,7 +51,7 @@ async def models(ctx: ContextDep) -> dict:
     return {"object": "list", "data": [_model_card(ctx, name) for name in _served(ctx)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(404))
 async def model(model_id: str, ctx: ContextDep) -> dict:
     check_model(ctx, model_id)
     return _model_card(ctx, model_id if model_id in ctx.model_names or model_id in ctx.adapters else ctx.model_name)
@@ -65,7 +70,7 @@ def _model_card(ctx: ServerContext, name: str) -> dict:
 
 def check_model(ctx: ServerContext, name: str | None) -> None:
     """ApiError(404) unless `name` is None, one of the base model's names or a served adapter's."""
-    if name is not None and not ctx.is_base_model(name) and name not in ctx.adapters:
+    if name is not None and name not in ctx.base_model_aliases and name not in ctx.adapters:
         raise ApiError(
             404,
             f"the model '{name}' does not exist (served: {', '.join(_served(ctx))})",
@@ -80,7 +85,7 @@ def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> st
     return body.model if body.model in ctx.adapters else client.adapter
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=GENERATION_ANSWERS)
 async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
@@ -97,7 +102,7 @@ async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     return reply.whole(gens, body.n)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=GENERATION_ANSWERS)
 async def chat(body: ChatRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
