@@ -6,10 +6,10 @@ are not coerced: `"max_tokens": "16"` and `"stream": "yes"` are refused, as is t
 valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists; but a
 number with no fraction is an integer (`16.0` is 16), as JSON Schema and vLLM count it.
 
-The JSON schema of each body (the server's /openapi.json) states every rule a single field has, the
-refused fields' only accepted values, and the rules between fields that JSON Schema can state
-(`if`/`then`); rules it cannot state (comparisons between fields, token counts) are in the
-descriptions. What depends on the served model is marked here (TOKEN_ID, NEW_TOKENS, MODEL_NAME,
+The JSON schema of each body (the server's /openapi.json) states every rule a single field has and
+the refused fields' only accepted values; the rules between fields (comparisons, token counts, and
+echo without logprobs, kept out of `if`/`then`, which generators of bodies from schemas mishandle)
+are in each body's description. What depends on the served model is marked here (TOKEN_ID, NEW_TOKENS, MODEL_NAME,
 ADAPTER_NAME) and filled in by the server (server/openapi.py).
 """
 
@@ -44,7 +44,11 @@ def integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-Int = Annotated[int, BeforeValidator(integral)]  # strict otherwise: "16" and true are not integers
+def Int(**bounds: int) -> Any:
+    """An integer within `bounds` (Field's ge, gt, le, lt), 16.0 taken as 16; strict otherwise ("16" and true are
+    not integers). The bounds come before the validator, so that the JSON schema states them even in a union."""
+    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
+
 
 # markers the server's schema replaces with the served model's numbers and names (server/openapi.py)
 TOKEN_ID = "x-token-id"  # an id of the model's vocabulary: 0 .. vocab - 1
@@ -57,9 +61,10 @@ def _marked(marker: str, **schema: Any) -> Any:
     return Field(json_schema_extra={marker: True, **schema})
 
 
-TokenId = Annotated[Int, _marked(TOKEN_ID, minimum=0)]
+TokenId = Annotated[Int(ge=0), _marked(TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]  # a prompt: at least one token
-NewTokens = Annotated[Int, _marked(NEW_TOKENS)]
+NewTokens = Annotated[Int(gt=0), _marked(NEW_TOKENS)]
+Logprobs = Int(ge=0, le=MAX_LOGPROBS)
 ModelName = Annotated[str, _marked(MODEL_NAME)]
 
 
@@ -124,18 +129,18 @@ class OpenAIParams(BaseModel):
     null_is_unset: ClassVar[bool] = True  # `"n": null` is n = 1 (see _refuse_unsupported)
     model: ModelName | None = None  # the base model or an adapter (see openai_api)
     max_tokens: NewTokens | None = Field(
-        None, gt=0, description="the prompt's tokens plus these must fit the model's context and the memory pool"
+        None, description="the prompt's tokens plus these must fit the model's context and the memory pool"
     )
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: Int = Field(0, ge=-1)  # extension (vLLM's): 0 or -1 is off
+    top_k: Int(ge=-1) = 0  # extension (vLLM's): 0 or -1 is off
     ignore_eos: bool = False  # extension: generate exactly max_tokens tokens
     stop: UnicodeText | Annotated[list[UnicodeText], Field(json_schema_extra={"maxItems": MAX_STOP_STRINGS})] | None = (
         None
     )
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM's): stop tokens added to EOS
-    n: Int = Field(1, ge=1, le=MAX_SEQUENCES)
-    seed: Int | None = Field(None, ge=-(2**63), lt=2**64)  # vLLM takes 64-bit integers
+    n: Int(ge=1, le=MAX_SEQUENCES) = 1
+    seed: Int(ge=-(2**63), lt=2**64) | None = None  # vLLM takes 64-bit integers
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)  # extension (vLLM's)
@@ -188,11 +193,10 @@ class OpenAIParams(BaseModel):
 
 
 class CompletionRequest(OpenAIParams):
-    schema_rules: ClassVar[dict[str, Any]] = {  # echo refuses logprobs
-        "if": {"properties": {"echo": {"const": True}}, "required": ["echo"]},
-        "then": {"properties": {"logprobs": {"type": "null"}}},
+    schema_rules: ClassVar[dict[str, Any]] = {
         "description": f"best_of is at least n, and n when streamed; prompts x (best_of or n) is at most "
-        f"{MAX_SEQUENCES}; each prompt's tokens plus max_tokens fit the model's context and the memory pool",
+        f"{MAX_SEQUENCES}; echo takes no logprobs; each prompt's tokens plus max_tokens fit the model's context "
+        "and the memory pool",
     }
     prompt: (
         str
@@ -200,9 +204,9 @@ class CompletionRequest(OpenAIParams):
         | Annotated[list[str], Field(json_schema_extra={"minItems": 1})]
         | Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})]
     )
-    best_of: Int | None = Field(None, ge=1, le=MAX_SEQUENCES)  # generate this many, return the n most likely
+    best_of: Int(ge=1, le=MAX_SEQUENCES) | None = None  # generate this many, return the n most likely
     echo: bool = False
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Logprobs | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -263,16 +267,14 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(OpenAIParams):
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = CHAT_UNSUPPORTED
-    schema_rules: ClassVar[dict[str, Any]] = {  # top_logprobs (above 0) needs logprobs
-        "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
-        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
-        "description": "the chat prompt's tokens plus max_completion_tokens (or max_tokens) fit the model's "
-        "context and the memory pool",
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "description": "top_logprobs above 0 needs logprobs true; the chat prompt's tokens plus "
+        "max_completion_tokens (or max_tokens) fit the model's context and the memory pool",
     }
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: NewTokens | None = Field(None, gt=0)  # the newer name of max_tokens
+    max_completion_tokens: NewTokens | None = None  # the newer name of max_tokens
     logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Logprobs | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -288,11 +290,11 @@ class GenerateParameters(BaseModel):
     """S-LoRA's sampling parameters (do_sample false: greedy)."""
 
     model_config = STRICT
-    max_new_tokens: NewTokens = Field(16, gt=0)
+    max_new_tokens: NewTokens = 16
     do_sample: bool = False
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: Int = Field(-1, ge=-1)
+    top_k: Int(ge=-1) = -1
     ignore_eos: bool = False
 
 
