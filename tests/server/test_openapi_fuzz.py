@@ -6,7 +6,7 @@ the schema documents. A bounded number of examples per operation and mode, from 
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -33,6 +33,24 @@ OPERATIONS = [
 WITH_BODY = [op for op in OPERATIONS if op[0] == "POST"]
 MAX_SEQUENCES = 64  # the schema's words: prompts x (best_of or n) in one request
 COMPLETION_DEFAULT, CHAT_DEFAULT = 16, 256  # max_tokens when a body gives none (chat: at most this, within room)
+# the sampling parameters' extremes the schema allows, tried first: the smallest positive double (5e-324 once made the
+# model fail, a 503), the largest double, the largest 64-bit integer
+TINY, HUGE, BIG = 5e-324, 1.7976931348623157e308, 2**63 - 1
+EXTREMES = [
+    {"top_p": TINY},
+    {"temperature": TINY},
+    {"temperature": TINY, "top_p": TINY, "top_k": BIG},
+    {"temperature": 2, "top_p": 1e-300, "repetition_penalty": TINY},
+    {"repetition_penalty": HUGE, "presence_penalty": -2, "frequency_penalty": 2},
+    {"top_k": 1, "seed": 2**64 - 1, "repetition_penalty": 1e-300},
+]
+EXPLICIT = {
+    "/v1/completions": [{"prompt": [1, 5, 9], "max_tokens": 5, "ignore_eos": True, **e} for e in EXTREMES]
+    + [{"prompt": "hi", "n": 2, "max_tokens": 3, "stream": True, **EXTREMES[0]}],
+    "/v1/chat/completions": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **e} for e in EXTREMES],
+    "/generate": [{"inputs": [1, 5], "parameters": {"do_sample": True, "top_p": TINY, "temperature": TINY}}],
+    "/generate_stream": [{"inputs": "hi", "parameters": {"do_sample": True, "top_p": TINY, "max_new_tokens": 4}}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +94,8 @@ def test_bodies_are_accepted_or_refused_as_the_schema_says(served, method, path,
                 f"a body valid by the schema got {response.status_code}: {response.text[:300]} (body: {case.body!r})"
             )
 
+    for body in EXPLICIT.get(path, []) if mode is GenerationMode.POSITIVE else []:
+        check = example(case=operation.Case(body=body, media_type="application/json"))(check)
     check()
 
 
