@@ -61,7 +61,7 @@ def _marked(marker: str, **schema: Any) -> Any:
     return Field(json_schema_extra={marker: True, **schema})
 
 
-TokenId = Annotated[Int(ge=0), _marked(TOKEN_ID)]
+TokenId = Annotated[Int(), _marked(TOKEN_ID, minimum=0)]  # the server checks the range, naming the vocabulary
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]  # a prompt: at least one token
 NewTokens = Annotated[Int(gt=0), _marked(NEW_TOKENS)]
 Logprobs = Int(ge=0, le=MAX_LOGPROBS)
