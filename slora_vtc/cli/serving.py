@@ -14,6 +14,7 @@ def cmd_serve(args) -> int:
     serve(
         ServerConfig(
             model=model,
+            served_model_names=tuple(args.served_model_name),
             scheduler=args.scheduler,
             clients_file=args.clients,
             host=args.host,
@@ -59,6 +60,15 @@ def add_parsers(sub) -> None:
     )
     add_model_args(srv, backend=True)
     add_adapter_args(srv)
+    srv.add_argument(
+        "--served-model-name",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="names the model answers to in requests (as vLLM's; repeatable); /v1/models lists them and responses "
+        "say the first (default: the model's own name)",
+    )
     srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
     srv.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, LoRA adapters")
     srv.add_argument("--host", default="127.0.0.1")

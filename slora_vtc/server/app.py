@@ -14,12 +14,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from slora_vtc.server import openai_api, slora_api, utility_api
+from slora_vtc.server import openai_api, openapi, slora_api, utility_api
 from slora_vtc.server.admission import InflightLimit
 from slora_vtc.server.context import ServerContext
 from slora_vtc.server.deps import ContextDep
-from slora_vtc.server.http_metrics import StatusCounter, metrics
-from slora_vtc.serving.errors import ApiError, api_error_handler, error_body, http_error_handler, validation_message
+from slora_vtc.server.http_metrics import PrometheusText, StatusCounter, metrics
+from slora_vtc.serving.errors import (
+    ApiError,
+    api_error_handler,
+    error_body,
+    error_responses,
+    http_error_handler,
+    validation_message,
+)
 from slora_vtc.serving.limits import BodyLimit
 
 
@@ -42,8 +49,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(slora_api.router)
     app.include_router(utility_api.router)
-    app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"], responses={503: {"description": "the engine has stopped"}})
+    app.add_api_route(
+        "/metrics", metrics, methods=["GET"], response_class=PrometheusText, responses=error_responses(401)
+    )
+    openapi.install(app, ctx)
     app.state.http_counts = Counter()
     routes = [
         *openai_api.router.routes,

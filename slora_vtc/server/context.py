@@ -15,6 +15,9 @@ from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
 @dataclass(frozen=True)
 class ServerConfig:
     model: str = "tiny"  # a spec name (dummy weights) or a Hugging Face model folder
+    # the names the base model answers to (vLLM's --served-model-name): the first one is the one /v1/models lists
+    # first and every response says; none: the spec's name or the folder's
+    served_model_names: tuple[str, ...] = ()
     scheduler: str = "vtc"
     clients_file: str | None = None
     host: str = "127.0.0.1"
@@ -58,6 +61,8 @@ class ServerConfig:
         for flag, value in (("--client-idle-timeout", self.client_idle_s), ("--keep-alive-timeout", self.keep_alive_s)):
             if not value > 0 or value == float("inf"):
                 raise UserError(f"{flag} must be a positive number of seconds, got {value}")
+        if any(not name.strip() for name in self.served_model_names):
+            raise UserError("--served-model-name must not be empty")
         if self.metrics_key is not None and not self.metrics_key.strip():
             raise UserError("--metrics-key must not be empty")
 
@@ -73,8 +78,32 @@ class ServerContext:
     service: EngineService
 
     @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names the base model answers to, the one responses say first."""
+        return tuple(dict.fromkeys(self.config.served_model_names)) or (own_name(self.config.model),)
+
+    @property
     def model_name(self) -> str:
-        return Path(self.config.model).name if is_folder(self.config.model) else self.config.model
+        return self.model_names[0]
+
+    @property
+    def base_model_aliases(self) -> tuple[str, ...]:
+        """What a request's `model` may say for the base model: its served names; without --served-model-name,
+        also the --model given (a folder's path)."""
+        given = () if self.config.served_model_names else (self.config.model,)
+        return tuple(dict.fromkeys((*self.model_names, *given)))
+
+
+def own_name(model: str) -> str:
+    """A model's name without --served-model-name: a folder's name, else the spec's."""
+    return Path(model).name if is_folder(model) else model
+
+
+def check_served_names(config: ServerConfig, adapters: AdapterTable) -> None:
+    """A served name must not also name a LoRA adapter: a request naming it would be ambiguous."""
+    clash = next((name for name in config.served_model_names if name in adapters), None)
+    if clash is not None:
+        raise UserError(f"--served-model-name '{clash}' is also the name of a LoRA adapter")
 
 
 def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, adapters: AdapterTable) -> EngineConfig:
@@ -105,6 +134,7 @@ def build_context(config: ServerConfig) -> ServerContext:
     tokenizer = load_tokenizer(config.model, spec, config.tokenizer)
     clients = load_clients(config.clients_file)
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
+    check_served_names(config, adapters)
     engine_config = engine_config_for(config, spec, clients, adapters)
     scheduler = scheduler_for(config.scheduler, clients)
     service = EngineService(

@@ -297,6 +297,21 @@ def close_all(gens: list[Generation]) -> None:
 
 
 # -- server-sent events ----------------------------------------------------------------------
+EVENT_STREAM = "text/event-stream"
+
+
+EVENT = {  # one server-sent event (OpenAPI before 3.2: an event stream's schema is its events')
+    "type": "object",
+    "properties": {"data": {"type": "string", "description": "a JSON object, or [DONE] at the end (OpenAI's)"}},
+    "required": ["data"],
+}
+
+
+def streamed(description: str) -> dict:
+    """A route's 200 answer as server-sent events (for its `responses=`)."""
+    return {"description": description, "content": {EVENT_STREAM: {"schema": EVENT}}}
+
+
 def sse_response(gens: list[Generation], events: AsyncIterator[str]) -> StreamingResponse:
     """Stream `events`; the requests are aborted however the stream ends early (the background task
     covers a stream cancelled before its first chunk, when the generator's finally never runs)."""
@@ -311,7 +326,7 @@ def sse_response(gens: list[Generation], events: AsyncIterator[str]) -> Streamin
 
     return StreamingResponse(
         guarded(),
-        media_type="text/event-stream",
+        media_type=EVENT_STREAM,
         headers={"Cache-Control": "no-cache"},
         background=BackgroundTask(close_all, gens),
     )

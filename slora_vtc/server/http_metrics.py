@@ -20,6 +20,11 @@ from slora_vtc.server.metrics import BuildInfo, render
 from slora_vtc.serving.connection import bears_key
 from slora_vtc.serving.errors import ApiError
 
+
+class PrometheusText(Response):
+    media_type = CONTENT_TYPE_LATEST  # Prometheus' text format (what the schema says /metrics answers)
+
+
 UNMATCHED = "unmatched"  # the route label of paths no route serves (404s): never the raw path
 
 
@@ -64,4 +69,4 @@ async def metrics(request: Request, ctx: ContextDep) -> Response:
     snap = await asyncio.wrap_future(ctx.service.snapshot())
     http = dict(request.app.state.http_counts)
     build = BuildInfo(__version__, ctx.config.scheduler, ctx.model_name)
-    return Response(await asyncio.to_thread(render, snap, build, http), media_type=CONTENT_TYPE_LATEST)
+    return PrometheusText(await asyncio.to_thread(render, snap, build, http))

@@ -2,7 +2,8 @@
 
 `model` names the base model (the client's own adapter, if its clients-file entry has one) or a
 served LoRA adapter, which then serves the request (as vLLM's --lora-modules); any other name is
-a 404.
+a 404. As vLLM's, the base model answers to each of its --served-model-name names: /v1/models lists
+them all, then the adapters, and responses say the first.
 Completions take several prompts, n and best_of, echo and logprobs; both take stop strings and
 stop_token_ids, seed, and presence / frequency / repetition penalties (openai_reply.py numbers
 the choices).
@@ -25,10 +26,11 @@ from slora_vtc.server.generation import (
     sampling,
     sse_response,
     start_all,
+    streamed,
 )
 from slora_vtc.server.openai_reply import ChatChoices, CompletionChoices, Reply
 from slora_vtc.serving.clients import ClientConfig
-from slora_vtc.serving.errors import ApiError
+from slora_vtc.serving.errors import ApiError, error_responses
 from slora_vtc.serving.protocol import (
     CHAT_DEFAULT_MAX_TOKENS,
     COMPLETION_DEFAULT_MAX_TOKENS,
@@ -38,6 +40,10 @@ from slora_vtc.serving.protocol import (
 )
 
 router = APIRouter()
+GENERATION_ANSWERS = {
+    200: streamed('the whole answer as JSON, or with "stream": true, its chunks as server-sent events'),
+    **error_responses(400, 401, 403, 404, 413, 429, 503),
+}
 
 
 @router.get("/v1/models")
@@ -45,25 +51,26 @@ async def models(ctx: ContextDep) -> dict:
     return {"object": "list", "data": [_model_card(ctx, name) for name in _served(ctx)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(404))
 async def model(model_id: str, ctx: ContextDep) -> dict:
-    _check_model(ctx, model_id)
-    return _model_card(ctx, model_id if model_id in ctx.adapters else ctx.model_name)
+    check_model(ctx, model_id)
+    return _model_card(ctx, model_id if model_id in ctx.model_names or model_id in ctx.adapters else ctx.model_name)
 
 
 def _served(ctx: ServerContext) -> list[str]:
-    return [ctx.model_name, *ctx.adapters.names]
+    return [*ctx.model_names, *ctx.adapters.names]
 
 
 def _model_card(ctx: ServerContext, name: str) -> dict:
     card = {"id": name, "object": "model", "created": 0, "owned_by": "slora_vtc"}
-    if name != ctx.model_name:
+    if name in ctx.adapters:
         card.update(parent=ctx.model_name, root=name)
     return card
 
 
-def _check_model(ctx: ServerContext, name: str | None) -> None:
-    if name is not None and name not in (ctx.model_name, ctx.config.model) and name not in ctx.adapters:
+def check_model(ctx: ServerContext, name: str | None) -> None:
+    """ApiError(404) unless `name` is None, one of the base model's names or a served adapter's."""
+    if name is not None and name not in ctx.base_model_aliases and name not in ctx.adapters:
         raise ApiError(
             404,
             f"the model '{name}' does not exist (served: {', '.join(_served(ctx))})",
@@ -74,11 +81,11 @@ def _check_model(ctx: ServerContext, name: str | None) -> None:
 
 def _adapter(ctx: ServerContext, body: OpenAIParams, client: ClientConfig) -> str | None:
     """The adapter named as the model, else the client's own."""
-    _check_model(ctx, body.model)
+    check_model(ctx, body.model)
     return body.model if body.model in ctx.adapters else client.adapter
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=GENERATION_ANSWERS)
 async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)
@@ -95,7 +102,7 @@ async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     return reply.whole(gens, body.n)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=GENERATION_ANSWERS)
 async def chat(body: ChatRequest, http: Request, who: CallerDep):
     ctx, client = who.ctx, who.client(body.user)
     adapter = _adapter(ctx, body, client)

@@ -12,16 +12,31 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
 from slora_vtc.server.deps import Caller, CallerDep
-from slora_vtc.server.generation import Generation, new_request, prompt_ids, sampling, sse_response
+from slora_vtc.server.generation import (
+    EVENT_STREAM,
+    Generation,
+    new_request,
+    prompt_ids,
+    sampling,
+    sse_response,
+    streamed,
+)
+from slora_vtc.serving.errors import error_responses
 from slora_vtc.serving.protocol import GenerateRequest
 from slora_vtc.serving.sse import sse
 
 router = APIRouter()
+REFUSALS = error_responses(400, 401, 403, 413, 429, 503)
 
 
-@router.post("/generate")
+class EventStream(StreamingResponse):
+    media_type = EVENT_STREAM  # what the schema says /generate_stream answers
+
+
+@router.post("/generate", responses=REFUSALS)
 async def generate(body: GenerateRequest, http: Request, who: CallerDep) -> dict:
     gen = await _start(who, body)
     text = await gen.collect(http)
@@ -33,7 +48,11 @@ async def generate(body: GenerateRequest, http: Request, who: CallerDep) -> dict
     }
 
 
-@router.post("/generate_stream")
+@router.post(
+    "/generate_stream",
+    response_class=EventStream,
+    responses={200: streamed("one event per token, then the end")} | REFUSALS,
+)
 async def generate_stream(body: GenerateRequest, who: CallerDep):
     gen = await _start(who, body)
     return sse_response([gen], _events(gen))

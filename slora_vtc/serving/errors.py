@@ -4,6 +4,7 @@ exception handlers that answer them (the server's and the gateway's)."""
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -23,6 +24,35 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.headers = dict(headers)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer's body (OpenAI's shape); the OpenAPI schema names it for each error a route gives."""
+
+    error: ErrorDetail
+
+
+ERROR_MEANINGS = {
+    400: "the body breaks a rule of its schema, or one between its fields the schema states in words",
+    401: "a missing or unknown API key",
+    403: "a LoRA adapter this client may not use",
+    404: "a model this server does not serve",
+    413: "a body larger than the server's limit",
+    429: "the client is over its rate limit (Retry-After says when to come back)",
+    503: "the server is overloaded or stopping, or the model failed (Retry-After when overloaded)",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """A route's `responses=`: these errors, each with ErrorResponse's body."""
+    return {status: {"model": ErrorResponse, "description": ERROR_MEANINGS[status]} for status in statuses}
 
 
 def error_body(message: str, kind: str, code: str | None = None) -> dict:

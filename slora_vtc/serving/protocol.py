@@ -3,12 +3,19 @@
 Unknown fields are ignored (clients send many); fields that would change the output in a way
 this server does not implement (suffix, logit_bias, tools, min_p, ...) are refused by name. Values
 are not coerced: `"max_tokens": "16"` and `"stream": "yes"` are refused, as is text that is not
-valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists.
+valid Unicode (a lone surrogate) and a prompt nested deeper than a list of token-id lists; but a
+number with no fraction is an integer (`16.0` is 16), as JSON Schema and vLLM count it.
+
+The JSON schema of each body (the server's /openapi.json) states every rule a single field has and
+the refused fields' only accepted values; the rules between fields (comparisons, token counts, and
+echo without logprobs, kept out of `if`/`then`, which generators of bodies from schemas mishandle)
+are in each body's description. What depends on the served model is marked here (TOKEN_ID, NEW_TOKENS, MODEL_NAME,
+ADAPTER_NAME) and filled in by the server (server/openapi.py).
 """
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from slora_vtc.model.sampling_params import MAX_LOGPROBS, SEED_RANGE
 
@@ -31,7 +38,50 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completion
 CHAT_DEFAULT_MAX_TOKENS = 256
 MAX_SEQUENCES = 64  # prompts x best_of (or n) in one request
 
-STRICT = ConfigDict(strict=True)  # no coercion: "16" is not an int, "yes" is not a bool
+
+def integral(value: Any) -> Any:
+    """A float with no fraction as the integer it is (16.0 -> 16); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Int(**bounds: int) -> Any:
+    """An integer within `bounds` (Field's ge, gt, le, lt), 16.0 taken as 16; strict otherwise ("16" and true are
+    not integers). The bounds come before the validator, so that the JSON schema states them even in a union."""
+    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
+
+
+# markers the server's schema replaces with the served model's numbers and names (server/openapi.py)
+TOKEN_ID = "x-token-id"  # an id of the model's vocabulary: 0 .. vocab - 1
+NEW_TOKENS = "x-new-tokens"  # new tokens for one request: at most what a one-token prompt could get
+MODEL_NAME = "x-model-name"  # one of the names the server serves (base model and adapters)
+ADAPTER_NAME = "x-adapter-name"  # one of the server's LoRA adapters
+
+
+def _marked(marker: str, **schema: Any) -> Any:
+    return Field(json_schema_extra={marker: True, **schema})
+
+
+TokenId = Annotated[Int(), _marked(TOKEN_ID, minimum=0)]  # the server checks the range, naming the vocabulary
+TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]  # a prompt: at least one token
+NewTokens = Annotated[Int(gt=0), _marked(NEW_TOKENS)]
+Logprobs = Int(ge=0, le=MAX_LOGPROBS)
+ModelName = Annotated[str, _marked(MODEL_NAME)]
+
+
+def _schema_rules(schema: dict[str, Any], cls: type) -> None:
+    """A body's JSON schema: null allowed where it means "not given", each refused field with its only accepted
+    values, and `cls.schema_rules`."""
+    if getattr(cls, "null_is_unset", False):
+        for name, prop in schema["properties"].items():
+            if name not in schema.get("required", ()) and {"type": "null"} not in prop.get("anyOf", ()):
+                schema["properties"][name] = {"anyOf": [prop, {"type": "null"}]}
+    for name, unused in getattr(cls, "unsupported", {}).items():
+        accepted = [{"const": u} for u in unused] + [{"type": "null"}]
+        schema["properties"][name] = {"anyOf": accepted, "description": "not supported by this server"}
+    schema.update(getattr(cls, "schema_rules", {}))
+
+
+STRICT = ConfigDict(strict=True, json_schema_extra=_schema_rules)  # no coercion: "16" is not an int, "yes" no bool
 
 
 def valid_unicode(text: str) -> str:
@@ -46,7 +96,12 @@ UnicodeText = Annotated[str, AfterValidator(valid_unicode)]  # text a tokenizer 
 
 
 def is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return isinstance(value, list) and all(isinstance(integral(t), int) and not isinstance(t, bool) for t in value)
+
+
+def token_ids(value: list) -> list[int]:
+    """A list that is_token_ids, as ints."""
+    return [integral(t) for t in value]
 
 
 def _single_prompt(value: Any) -> Any:
@@ -54,7 +109,7 @@ def _single_prompt(value: Any) -> Any:
     if isinstance(value, str):
         return valid_unicode(value)
     if is_token_ids(value):
-        return value
+        return token_ids(value)
     raise ValueError("must be a string or a list of token ids")
 
 
@@ -71,16 +126,21 @@ class OpenAIParams(BaseModel):
 
     model_config = STRICT
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED
-    model: str | None = None  # the base model or an adapter (see openai_api)
-    max_tokens: int | None = Field(None, gt=0)
+    null_is_unset: ClassVar[bool] = True  # `"n": null` is n = 1 (see _refuse_unsupported)
+    model: ModelName | None = None  # the base model or an adapter (see openai_api)
+    max_tokens: NewTokens | None = Field(
+        None, description="the prompt's tokens plus these must fit the model's context and the memory pool"
+    )
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)  # extension (vLLM's): 0 or -1 is off
+    top_k: Int(ge=-1) = 0  # extension (vLLM's): 0 or -1 is off
     ignore_eos: bool = False  # extension: generate exactly max_tokens tokens
-    stop: UnicodeText | list[UnicodeText] | None = None
-    stop_token_ids: list[int] | None = None  # extension (vLLM's): stop tokens added to EOS
-    n: int = Field(1, ge=1, le=MAX_SEQUENCES)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # vLLM takes 64-bit integers
+    stop: UnicodeText | Annotated[list[UnicodeText], Field(json_schema_extra={"maxItems": MAX_STOP_STRINGS})] | None = (
+        None
+    )
+    stop_token_ids: list[TokenId] | None = None  # extension (vLLM's): stop tokens added to EOS
+    n: Int(ge=1, le=MAX_SEQUENCES) = 1
+    seed: Int(ge=-(2**63), lt=2**64) | None = None  # vLLM takes 64-bit integers
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)  # extension (vLLM's)
@@ -133,10 +193,20 @@ class OpenAIParams(BaseModel):
 
 
 class CompletionRequest(OpenAIParams):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    best_of: int | None = Field(None, ge=1, le=MAX_SEQUENCES)  # generate this many, return the n most likely
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "description": f"best_of is at least n, and n when streamed; prompts x (best_of or n) is at most "
+        f"{MAX_SEQUENCES}; echo takes no logprobs; each prompt's tokens plus max_tokens fit the model's context "
+        "and the memory pool",
+    }
+    prompt: (
+        str
+        | TokenIds
+        | Annotated[list[str], Field(json_schema_extra={"minItems": 1})]
+        | Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})]
+    )
+    best_of: Int(ge=1, le=MAX_SEQUENCES) | None = None  # generate this many, return the n most likely
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Logprobs | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -197,10 +267,14 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(OpenAIParams):
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = CHAT_UNSUPPORTED
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "description": "top_logprobs above 0 needs logprobs true; the chat prompt's tokens plus "
+        "max_completion_tokens (or max_tokens) fit the model's context and the memory pool",
+    }
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, gt=0)  # the newer name of max_tokens
+    max_completion_tokens: NewTokens | None = None  # the newer name of max_tokens
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Logprobs | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -216,16 +290,20 @@ class GenerateParameters(BaseModel):
     """S-LoRA's sampling parameters (do_sample false: greedy)."""
 
     model_config = STRICT
-    max_new_tokens: int = Field(16, gt=0)
+    max_new_tokens: NewTokens = 16
     do_sample: bool = False
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
+    top_k: Int(ge=-1) = -1
     ignore_eos: bool = False
 
 
 class GenerateRequest(BaseModel):
-    inputs: Prompt
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "description": "the prompt's tokens plus max_new_tokens fit the model's context and the memory pool"
+    }
+    model_config = ConfigDict(json_schema_extra=_schema_rules)
+    inputs: str | TokenIds
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -233,4 +311,6 @@ class GenerateRequest(BaseModel):
         return _single_prompt(value)
 
     parameters: GenerateParameters = GenerateParameters()
-    lora_dir: str | None = None  # S-LoRA names the adapter by its folder; here: the adapter's name
+    lora_dir: Annotated[str, _marked(ADAPTER_NAME)] | None = (
+        None  # S-LoRA names the adapter by its folder; here: its name
+    )

@@ -1,12 +1,15 @@
 """Per-request sampling features of the real backend: penalties (against transformers' processor and
-by hand), raw logprobs (against a transformers model), per-request seeds (alone, batched, preempted)."""
+by hand), raw logprobs (against a transformers model), per-request seeds (alone, batched, preempted),
+and the extreme values a request may give (against the limit worked out by brute force in float64)."""
+
+from fractions import Fraction
 
 import pytest
 import torch
 
 from slora_vtc.errors import UserError
 from slora_vtc.model.sampler import BatchSampler
-from slora_vtc.model.sampling import SamplingParams, apply_penalties
+from slora_vtc.model.sampling import SamplingParams, apply_penalties, sample
 from slora_vtc.request import Request, State
 from tests.helpers.llama import hf_logits, record_logits, request, run_real, save_hf_llama, tiny_backend
 
@@ -205,3 +208,75 @@ def test_a_preempted_request_keeps_its_generator_and_others_lose_theirs():
     assert sampler._generators == {0: generator}
     sampler.release(preempted)
     assert sampler._generators == {}
+
+
+# -- extreme values: sampling tends to its limit, never fails ------------------------------------------
+DENORMAL = 5e-324  # the smallest positive double
+TINY_VALUES = (DENORMAL, 1e-320, 1e-310, 2.2250738585072014e-308, 1e-300, 1e-46, 1e-45, 1e-40, 1.1754944e-38, 1e-30)
+
+
+def random_logits(rows: int = 6, vocab: int = 40, seed: int = 0) -> torch.Tensor:
+    return torch.rand((rows, vocab), generator=torch.Generator().manual_seed(seed)) * 6 - 3
+
+
+def argmax_by_hand(rows: list[list[float]]) -> list[int]:
+    return [max(range(len(row)), key=row.__getitem__) for row in rows]
+
+
+def draws(logits: torch.Tensor, params: SamplingParams, times: int = 20, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [sample(logits, params, gen).tolist() for _ in range(times)]
+
+
+@pytest.mark.parametrize("top_p", TINY_VALUES)
+@pytest.mark.parametrize("temperature", (0.1, 1.0, 2.0))
+def test_a_tiny_top_p_samples_the_most_likely_token(top_p, temperature):
+    """top_p -> 0 keeps the single most likely token, denormal or not (5e-324 once failed: it rounds to 0 in
+    float32, and the most likely token was dropped with the rest)."""
+    logits = random_logits()
+    expected = argmax_by_hand(logits.tolist())
+    assert all(d == expected for d in draws(logits, SamplingParams(temperature=temperature, top_p=top_p)))
+
+
+@pytest.mark.parametrize("temperature", TINY_VALUES)
+def test_a_tiny_temperature_samples_the_most_likely_token(temperature):
+    logits = random_logits()
+    expected = argmax_by_hand(logits.tolist())
+    assert all(d == expected for d in draws(logits, SamplingParams(temperature=temperature)))
+
+
+@pytest.mark.parametrize("temperature", (DENORMAL, 1e-300, 1e-40))
+def test_a_tiny_temperature_splits_evenly_between_tied_most_likely_tokens(temperature):
+    """The limit of softmax(l / t) as t -> 0 is uniform over the tokens tied for the largest logit."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0, 2.999]])
+    tokens = [d[0] for d in draws(logits, SamplingParams(temperature=temperature), times=200)]
+    assert set(tokens) == {1, 2} and 60 < tokens.count(1) < 140  # binomial(200, 1/2): 60..140 is 5.6 sigma
+
+
+@pytest.mark.parametrize("top_k", (40, 41, 2**63 - 1, 10**30))
+def test_a_top_k_of_the_vocabulary_or_more_filters_nothing(top_k):
+    logits = random_logits(vocab=40)
+    assert draws(logits, SamplingParams(temperature=1.0, top_k=top_k)) == draws(logits, SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize("penalty", (DENORMAL, 1e-300, 1e-40, 1e40, 1e300, 1.7976931348623157e308))
+def test_an_extreme_repetition_penalty_samples_its_limit(penalty):
+    """The repetition penalty divides a seen token's positive logit and multiplies a negative one: by brute force in
+    exact fractions (nothing rounds to 0 or overflows), the most likely token at a tiny temperature is the argmax
+    of the penalised logits; with temperature 1 the draws stay among the tokens whose weight is not 0 in float64."""
+    logits = random_logits()
+    seen = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1)) < 0.3
+    params = SamplingParams(repetition_penalty=penalty)
+    penalised = apply_penalties(logits, torch.zeros_like(logits, dtype=torch.int32), seen, params)
+    by_hand = [
+        [
+            (Fraction(x) / Fraction(penalty) if x > 0 else Fraction(x) * Fraction(penalty)) if s else Fraction(x)
+            for x, s in zip(row, seen_row)
+        ]
+        for row, seen_row in zip(logits.tolist(), seen.tolist())
+    ]
+    expected = argmax_by_hand(by_hand)
+    assert all(d == expected for d in draws(penalised, SamplingParams(temperature=1e-300)))
+    possible = [{i for i, x in enumerate(row) if x - max(row) > -746} for row in by_hand]  # exp(-746) is 0
+    for d in draws(penalised, SamplingParams(temperature=1.0), times=50):
+        assert all(token in allowed for token, allowed in zip(d, possible))

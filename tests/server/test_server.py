@@ -85,6 +85,23 @@ def test_top_k_one_samples_the_greedy_tokens(client):
     assert client.completions.create(temperature=1.5, **kw).choices[0].text == greedy
 
 
+@pytest.mark.parametrize("extreme", [{"top_p": 5e-324}, {"top_p": 1e-300}, {"top_p": 1e-46}, {"temperature": 5e-324}])
+def test_a_denormal_top_p_or_temperature_samples_the_greedy_tokens(server, client, extreme):
+    """top_p or temperature -> 0 keeps only the most likely token: the greedy output (5e-324 once got a 503)."""
+    kw = dict(model="tiny", prompt=[1, 9, 8, 7], max_tokens=10)
+    greedy = client.completions.create(temperature=0, extra_body={"ignore_eos": True}, **kw).choices[0].text
+    body = {"temperature": 1.5, **extreme}
+    assert client.completions.create(**kw, extra_body={"ignore_eos": True, **body}).choices[0].text == greedy
+    generated = httpx2.post(
+        f"{server.url}/generate",
+        json={
+            "inputs": [1, 9, 8, 7],
+            "parameters": {"max_new_tokens": 10, "ignore_eos": True, "do_sample": True, **body},
+        },
+    )
+    assert generated.status_code == 200 and generated.json()["generated_text"] == [greedy]
+
+
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == ["tiny", "dummy-0"]  # the base model, then the adapters
     health = httpx2.get(f"{server.url}/health").json()
