@@ -46,6 +46,7 @@ class FairPolicy:
         self.tenant_stats = TenantStats(config.scheduler, config.log_interval_s, config.stats_file)
         self.charging = Charging(self.fair, self.tracked, self.tenant_stats, self.clock)
         self.rejected: list[Tracked] = []
+        self._running_counters: dict[str, float] = {}  # of the tenants running when a step that may preempt began
         self.waiting = FairQueue(self.fair, self.tracked, self.clock, self.rejected.append)
         self.kv_holding_waiting = HoldingQueue(self.fair, self.tracked, self.clock, self.rejected.append)
         logger.info("slora_vtc: scheduler %s orders vLLM's waiting queues", config.scheduler)
@@ -68,10 +69,8 @@ class FairPolicy:
         before = time.perf_counter()
         output = super().schedule(*args, **kwargs)
         after = time.perf_counter()
-        for request_id in output.preempted_req_ids:
-            tracked = self.tracked.get(request_id)
-            if tracked is not None:
-                self.tenant_stats.ended(tracked.tenant, "preempted")
+        if output.preempted_req_ids:
+            self._note_victims(output.preempted_req_ids)
         self.charging.after_schedule(output.num_scheduled_tokens)
         end = time.perf_counter()
         self.tenant_stats.step(end - start, (before - start) + (end - after))
@@ -79,6 +78,7 @@ class FairPolicy:
 
     def _order_running(self) -> None:
         running = self.running
+        self._running_counters = {}
         if len(running) < 2:
             return
         pool = self.kv_cache_manager.block_pool
@@ -88,6 +88,18 @@ class FairPolicy:
         ):  # fmt: skip
             return
         self.running = victims_last(running, self.tracked, self.fair, self.clock())
+        if self.fair.traits.ledger:
+            tenants = {t.tenant for r in running if (t := self.tracked.get(r.request_id)) is not None}
+            self._running_counters = {tenant: self.fair.counter_of(tenant) for tenant in tenants}
+
+    def _note_victims(self, request_ids) -> None:
+        counters = self._running_counters
+        kept = {t.tenant for r in self.running if (t := self.tracked.get(r.request_id)) is not None}
+        largest_kept = max((counters[k] for k in kept if k in counters), default=None)
+        for request_id in request_ids:
+            tracked = self.tracked.get(request_id)
+            if tracked is not None:
+                self.tenant_stats.preempted(tracked.tenant, counters.get(tracked.tenant), largest_kept)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         start = time.perf_counter()

@@ -16,6 +16,7 @@ from slora_vtc.sched import Scheduler
 
 FIELDS = ("charged", "prompt_tokens", "cached_tokens", "output_tokens", "finished", "aborted", "failed",
           "rejected", "preempted")  # fmt: skip
+MAX_VICTIMS = 100
 
 
 class TenantStats:
@@ -27,6 +28,7 @@ class TenantStats:
         self.schedule_s = 0.0  # time in schedule(), vLLM's and ours
         self.plugin_s = 0.0  # of which the plugin's own steps around vLLM's (ordering, charging)
         self.update_s = 0.0  # the plugin's time in update_from_output
+        self.victims: list[dict] = []  # the latest preemptions: the victim's tenant, its counter, the largest
         self._due = 0.0
 
     # -- counting ----------------------------------------------------------------------------------
@@ -45,6 +47,16 @@ class TenantStats:
 
     def ended(self, tenant: str, outcome: str) -> None:
         self.tenants[tenant][outcome] += 1
+
+    def preempted(self, tenant: str, counters: dict[str, float]) -> None:
+        """A request of `tenant` was preempted; `counters`: those of the tenants running when the step began."""
+        self.tenants[tenant]["preempted"] += 1
+        victim = {
+            "tenant": tenant,
+            "counter": counters.get(tenant, 0.0),
+            "largest": max(counters.values(), default=0.0),
+        }
+        self.victims = [*self.victims[-(MAX_VICTIMS - 1) :], victim]
 
     def step(self, schedule_s: float, plugin_s: float) -> None:
         self.steps += 1
@@ -74,6 +86,7 @@ class TenantStats:
             "plugin_ms_per_step": (self.plugin_s + self.update_s) * per_step,
             "tracked": tracked,
             "tenants": tenants,
+            "victims": self.victims,
         }
 
     def due(self, now: float) -> bool:

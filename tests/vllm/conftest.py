@@ -2,8 +2,9 @@
 
 Without vLLM installed (our own `.venv`, `make test`), nothing here is collected. vLLM takes one to
 several minutes to start on a small CPU machine, so each server is started once per test session and
-shared: `stock_vllm` (vLLM as shipped), `fair_vllm` (our plugin with `vtc` and a clients file giving
-tenant "w2" weight 2) and `small_kv_vllm` (the plugin with a KV cache so small that vLLM preempts).
+shared: `stock_vllm` (vLLM as shipped), `fair_vllm` (our plugin with `vtc` and a clients file
+giving tenant "w2" weight 2 and tenant "limited" 2 requests a minute) and `small_kv_vllm` (the
+plugin with a KV cache so small that vLLM preempts).
 Every server serves the same tiny random Llama (`tiny_model`, built offline) as "tiny", with
 `--max-num-seqs 4`; `server.url` is its base URL and `server.stats()` the plugin's stats file.
 """
@@ -29,6 +30,9 @@ weight = 2.0
 
 [clients.w1]
 weight = 1.0
+
+[clients.limited]
+rpm = 2
 """
 
 
@@ -84,10 +88,10 @@ def fair_vllm(tmp_path_factory, tiny_model):
 
 @pytest.fixture(scope="session")
 def small_kv_vllm(tmp_path_factory, tiny_model):
-    """16 blocks of 32 tokens (512 tokens): four requests of 100 + 200 tokens do not fit at once."""
+    """16 blocks of 32 tokens (512 tokens): two requests of 100 + 150 tokens do not fit at once."""
     stats = tmp_path_factory.mktemp("small-kv") / "stats.json"
     config = {"scheduler": "vtc", "stats_file": str(stats), "log_interval_s": 1.0}
-    args = ["--num-gpu-blocks-override", "16", "--block-size", "32", *plugin_args(config)]
+    args = ["--num-gpu-blocks-override", "16", "--block-size", "32", "--max-model-len", "512", *plugin_args(config)]
     server, served = _serve(tmp_path_factory, tiny_model, args, stats)
     yield served
     server.stop()
