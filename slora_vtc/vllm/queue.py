@@ -139,7 +139,10 @@ class FairQueue(TrackedQueue):
         tracked = self._mine(request)
         if tracked is None:
             return
-        tracked.mirror.generated = request.num_output_tokens
+        # our schedulers settle a waiting request that was admitted before (a preempted one) by its
+        # tokens; one preempted before its first token was admitted too (its prompt was charged)
+        admitted = tracked.prompt_charge is not None
+        tracked.mirror.generated = max(request.num_output_tokens, int(admitted))
         self.peek_pop.remove_request(tracked.mirror)
         self.members.take(tracked)
         tracked.where = Where.GONE

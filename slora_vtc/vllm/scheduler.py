@@ -49,7 +49,7 @@ class FairPolicy:
         self._running_counters: dict[str, float] = {}  # of the tenants running when a step that may preempt began
         self.waiting = FairQueue(self.fair, self.tracked, self.clock, self.rejected.append)
         self.kv_holding_waiting = HoldingQueue(self.fair, self.tracked, self.clock, self.rejected.append)
-        logger.info("slora_vtc: scheduler %s orders vLLM's waiting queues", config.scheduler)
+        logger.info("slora_vtc: scheduler %s orders vLLM's waiting queues (%s)", config.scheduler, type(self).__name__)
 
     # -- arrivals --------------------------------------------------------------------------------------
     def add_request(self, request) -> None:

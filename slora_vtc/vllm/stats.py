@@ -48,14 +48,11 @@ class TenantStats:
     def ended(self, tenant: str, outcome: str) -> None:
         self.tenants[tenant][outcome] += 1
 
-    def preempted(self, tenant: str, counters: dict[str, float]) -> None:
-        """A request of `tenant` was preempted; `counters`: those of the tenants running when the step began."""
+    def preempted(self, tenant: str, counter: float | None, largest_kept: float | None) -> None:
+        """A request of `tenant` was preempted, its counter `counter` when the step began; `largest_kept`:
+        the largest counter then among the tenants that kept a request running (None: none did)."""
         self.tenants[tenant]["preempted"] += 1
-        victim = {
-            "tenant": tenant,
-            "counter": counters.get(tenant, 0.0),
-            "largest": max(counters.values(), default=0.0),
-        }
+        victim = {"tenant": tenant, "counter": counter, "largest_kept": largest_kept}
         self.victims = [*self.victims[-(MAX_VICTIMS - 1) :], victim]
 
     def step(self, schedule_s: float, plugin_s: float) -> None:
