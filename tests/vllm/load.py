@@ -49,10 +49,11 @@ async def complete(api: AsyncOpenAI, tenant: str, ids: list[int], max_tokens: in
             served.usages.append((chunk.usage.prompt_tokens, chunk.usage.completion_tokens))
 
 
-async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, prompt_len: int, max_tokens: int,
-                      seed: int = 0) -> dict[str, Served]:  # fmt: skip
-    """Each tenant keeps `in_flight[tenant]` requests going for `seconds`; then every request still
-    going is cancelled (its client disconnects, so vLLM aborts it)."""
+async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, prompt_len: int,
+                      max_tokens: tuple[int, int], seed: int = 0) -> dict[str, Served]:  # fmt: skip
+    """Each tenant keeps `in_flight[tenant]` requests going for `seconds`, each asking for a number of
+    tokens drawn in `max_tokens` (so that requests admitted together do not all end together); then
+    every request still going is cancelled (its client disconnects, so vLLM aborts it)."""
     api, rng = client(url), random.Random(seed)
     served = {tenant: Served() for tenant in in_flight}
     deadline = time.monotonic() + seconds
@@ -60,7 +61,8 @@ async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, promp
     async def worker(tenant: str) -> None:
         while time.monotonic() < deadline:
             try:
-                await complete(api, tenant, prompt(rng, prompt_len), max_tokens, served[tenant])
+                tokens = rng.randint(*max_tokens)
+                await complete(api, tenant, prompt(rng, prompt_len), tokens, served[tenant])
             except Exception as e:  # noted; the test decides
                 served[tenant].errors.append(repr(e))
                 await asyncio.sleep(0.1)
