@@ -27,9 +27,8 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from machine import machine_info  # noqa: E402
 
-from tests.vllm.conftest import plugin_args  # noqa: E402
 from tests.vllm.model import build_tiny_llama  # noqa: E402
-from tests.vllm.server import VllmServer  # noqa: E402
+from tests.vllm.server import VllmServer, plugin_args  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "vllm_plugin.json"
 TARGET = 0.97

@@ -22,7 +22,7 @@ if importlib.util.find_spec("vllm") is None:  # our own .venv: these tests need 
     collect_ignore_glob = ["test_*.py"]
 else:
     from tests.vllm.model import build_tiny_llama
-    from tests.vllm.server import VllmServer
+    from tests.vllm.server import VllmServer, plugin_args
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_NUM_SEQS = "4"
@@ -41,15 +41,6 @@ rpm = 2
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def plugin_args(config: dict) -> list[str]:
-    """The command line of item 1 of issue 19, with `config` as the plugin's additional config."""
-    return [
-        "--scheduler-cls", "slora_vtc.vllm.FairScheduler",
-        "--middleware", "slora_vtc.vllm.TenantMiddleware",
-        "--additional-config", json.dumps({"slora_vtc": config}),
-    ]  # fmt: skip
 
 
 class Served:

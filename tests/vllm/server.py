@@ -8,6 +8,7 @@ The server runs as `python -m vllm.entrypoints.openai.api_server` with the pytho
 /v1/models within `start_timeout_s`, or a server that exits, fails with the tail of vLLM's log.
 """
 
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,15 @@ CPU_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+
+
+def plugin_args(config: dict) -> list[str]:
+    """The command line of item 1 of issue 19, with `config` as the plugin's additional config."""
+    return [
+        "--scheduler-cls", "slora_vtc.vllm.FairScheduler",
+        "--middleware", "slora_vtc.vllm.TenantMiddleware",
+        "--additional-config", json.dumps({"slora_vtc": config}),
+    ]  # fmt: skip
 
 
 def free_port() -> int:
