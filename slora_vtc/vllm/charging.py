@@ -42,7 +42,7 @@ class Charging:
             if t.admitting:
                 now = now or self.now()
                 self._admitted(t, vreq.num_computed_tokens - n, now)
-            elif t.prompt_done < vreq.num_prompt_tokens and not vreq.num_output_tokens:
+            elif t.cached is not None and t.prompt_done < vreq.num_prompt_tokens and not vreq.num_output_tokens:
                 now = now or self.now()
                 self._prompt_progress(t, vreq.num_computed_tokens, now)
 
