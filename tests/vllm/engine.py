@@ -54,20 +54,32 @@ class Requests:
         return Request(f"r{self.made}", ids, params, None, block_hasher=self.hasher)
 
 
-def step(sched):
-    """One schedule() and its made-up output; (scheduler output, engine outputs)."""
+def schedule(sched):
+    """One schedule() and the made-up output its step will have: (scheduler output, model output)."""
     out = sched.schedule()
     ids = list(out.num_scheduled_tokens)
     sampled = [[] if sched.requests[i].is_prefill_chunk else [TOKEN] for i in ids]
     runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
                                       sampled_token_ids=sampled)  # fmt: skip
+    return out, runner_output
+
+
+def step(sched):
+    """One schedule() and its made-up output at once; (scheduler output, engine outputs)."""
+    out, runner_output = schedule(sched)
     return out, sched.update_from_output(out, runner_output)
 
 
-def run(sched, max_steps: int = 2000) -> list:
-    """Step until nothing is left (bounded); every step's scheduler output."""
-    outputs = []
-    while sched.has_requests():
-        assert len(outputs) < max_steps, "the scheduler did not finish its requests"
-        outputs.append(step(sched))
-    return outputs
+def run(sched, max_steps: int = 2000, depth: int = 1) -> list:
+    """Step until nothing is left (bounded); every step's (scheduler output, engine outputs). With
+    `depth` 2, as vLLM's async scheduling does, the next step is scheduled before the output of the
+    one before it comes in."""
+    done, pending = [], []
+    while sched.has_requests() or pending:
+        assert len(done) < max_steps, "the scheduler did not finish its requests"
+        if sched.has_requests():
+            pending.append(schedule(sched))
+        if len(pending) >= depth or not sched.has_requests():
+            out, runner_output = pending.pop(0)
+            done.append((out, sched.update_from_output(out, runner_output)))
+    return done

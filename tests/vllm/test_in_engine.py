@@ -7,6 +7,7 @@ tokens is charged x + 2 (y - 1) in all."""
 import pytest
 from vllm.v1.request import RequestStatus
 
+from slora_vtc.vllm.scheduler import FairAsyncScheduler, FairSyncScheduler
 from tests.vllm.engine import Requests, run, scheduler, step
 
 
@@ -32,13 +33,14 @@ def test_a_chunked_prompt_is_charged_chunk_by_chunk_and_the_whole_adds_up(model)
     assert len(sched.tracked) == 0 and sched.fair.num_waiting() == 0
 
 
-def test_tenants_are_charged_what_they_were_served(model):
-    sched, make = scheduler(model, {"scheduler": "vtc"}, batched=48), Requests().make
+@pytest.mark.parametrize("cls, depth", [(FairAsyncScheduler, 2), (FairSyncScheduler, 1)], ids=["async", "sync"])
+def test_tenants_are_charged_what_they_were_served(model, cls, depth):
+    sched, make = scheduler(model, {"scheduler": "vtc"}, batched=48, cls=cls), Requests().make
     lengths = {"a": [(20, 5), (70, 12), (33, 1)], "b": [(90, 30), (5, 7)]}
     for tenant, reqs in lengths.items():
         for x, y in reqs:
             sched.add_request(make(tenant, x, y))
-    run(sched)
+    run(sched, depth=depth)
     for tenant, reqs in lengths.items():
         assert charged(sched, tenant) == sum(x + 2 * (y - 1) for x, y in reqs)
         assert sched.fair_snapshot()["tenants"][tenant]["finished"] == len(reqs)
@@ -58,15 +60,16 @@ def test_vtc_admits_the_least_served_tenant_first(model):
     assert admitted == ["b", "a", "a"]
 
 
-def test_under_preemption_vllm_preempts_the_largest_counters_request(model):
+@pytest.mark.parametrize("cls, depth", [(FairAsyncScheduler, 2), (FairSyncScheduler, 1)], ids=["async", "sync"])
+def test_under_preemption_vllm_preempts_the_largest_counters_request(model, cls, depth):
     # 10 blocks of 16 tokens; each request grows to 40 + 40 tokens (5 blocks): two cannot both finish
-    sched, make = scheduler(model, {"scheduler": "vtc"}, blocks=10, batched=128), Requests().make
+    sched, make = scheduler(model, {"scheduler": "vtc"}, blocks=10, batched=128, cls=cls), Requests().make
     sched.add_request(make("big", 40, 40))
     sched.add_request(make("small", 40, 40))
     step(sched)  # both admitted, big first: vLLM alone would preempt small (the last admitted)
     assert [sched.tracked.get(r.request_id).tenant for r in sched.running] == ["big", "small"]
     sched.fair.adjust("big", 1000.0)  # big was served much more
-    run(sched)
+    run(sched, depth=depth)
     stats = sched.fair_snapshot()
     assert stats["tenants"]["big"]["preempted"] > 0
     assert stats["tenants"]["small"]["preempted"] == 0
