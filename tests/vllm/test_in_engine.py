@@ -108,3 +108,20 @@ def test_a_rate_limited_request_ends_with_an_error_output(model):
                     ends[o.request_id] = str(o.finish_reason)
     assert ends == {first.request_id: "length", second.request_id: "error"}
     assert sched.fair_snapshot()["tenants"]["a"]["rejected"] == 1
+
+
+@pytest.mark.parametrize("spec", ["fcfs", "vtc", "lcf", "wvtc:2,1", "rpm:100", "lpm", "dlpm:50", "vtc-avg"])
+def test_every_scheduler_serves_every_request_to_its_end(model, spec, tmp_path):
+    clients = tmp_path / "clients.toml"
+    clients.write_text("[clients.a]\n[clients.b]\n")
+    sched = scheduler(model, {"scheduler": spec, "clients": str(clients)}, blocks=24, batched=48)
+    make = Requests().make
+    shared = list(range(3, 35))  # a's prompts share 32 tokens: lpm and dlpm see the prefix cache
+    for i in range(6):
+        sched.add_request(make("a", 40, 12, prompt=shared + [100 + i] * 8))
+        sched.add_request(make("b", 20 + i, 8))
+    run(sched, depth=2)
+    stats = sched.fair_snapshot()
+    assert [stats["tenants"][t]["finished"] for t in ("a", "b")] == [6, 6]
+    assert len(sched.tracked) == 0 and sched.fair.num_waiting() == 0
+    assert stats["tenants"]["a"]["cached_tokens"] > 0  # a's later prompts found the shared prefix
