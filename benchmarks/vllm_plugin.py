@@ -10,7 +10,7 @@ blocks alternate stock and plugin. Medians and the spread (min, max) per setup; 
 time per step (ordering the running list, charging: `plugin_ms_per_step`) and its whole schedule()
 per step come from its stats file. Writes benchmarks/results/vllm_plugin.json.
 
-    .venv-vllm/bin/python benchmarks/vllm_plugin.py [--blocks 1] [--repeats 3]
+    .venv-vllm/bin/python benchmarks/vllm_plugin.py [--blocks 1] [--repeats 3] [--plugin-first] [--append]
 
 Target (issue 19): the plugin's throughput at least 0.97x vLLM's.
 """
@@ -80,12 +80,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plugin-first", action="store_true", help="begin with the plugin's block")
+    parser.add_argument("--append", action="store_true", help="add to the runs of the results file")
     opts = parser.parse_args()
     model = build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny")
     rates = {"stock": [], "plugin": []}
     plugin_stats = []
+    blocks = opts.blocks
+    if opts.append:
+        before = json.loads(RESULTS.read_text())
+        rates = {"stock": before["stock_tok_s"]["runs"], "plugin": before["plugin_tok_s"]["runs"]}
+        keys = ("steps", "plugin_ms_per_step", "schedule_ms_per_step")
+        plugin_stats = before.get("plugin_blocks", [{k: before[k] for k in keys}])
+        blocks += before["blocks"]
     for b in range(opts.blocks):
-        for setup in ("stock", "plugin") if b % 2 == 0 else ("plugin", "stock"):
+        for setup in ("stock", "plugin") if (b % 2 == 0) != opts.plugin_first else ("plugin", "stock"):
             got, stats = block(setup, model, opts.repeats, seed=100 * b)
             rates[setup] += got
             if stats:
@@ -97,7 +106,7 @@ def main() -> None:
     result = {
         "machine": machine_info(vllm=vllm.__version__),
         "burst": {"prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "tenants": 2},
-        "blocks": opts.blocks,
+        "blocks": blocks,
         "repeats": opts.repeats,
         "stock_tok_s": stock,
         "plugin_tok_s": plugin,
@@ -106,6 +115,9 @@ def main() -> None:
         "plugin_ms_per_step": statistics.median(s["plugin_ms_per_step"] for s in plugin_stats),
         "schedule_ms_per_step": statistics.median(s["schedule_ms_per_step"] for s in plugin_stats),
         "steps": sum(s["steps"] for s in plugin_stats),
+        "plugin_blocks": [
+            {k: s[k] for k in ("steps", "plugin_ms_per_step", "schedule_ms_per_step")} for s in plugin_stats
+        ],
     }
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
