@@ -17,7 +17,7 @@ LAYERS = [
     {"experiment", "runner", "suites", "traces", "metrics", "summary", "calibrate", "figures", "docs", "sweep",
      "plugins", "realrun"},  # experiments
     {"serving"},  # what the server and the gateway share
-    {"server", "gateway", "cli", "__main__"},
+    {"server", "gateway", "cli", "__main__", "vllm"},  # fronts; vllm: the scheduler plugin inside vLLM
 ]  # fmt: skip
 LAYER_OF = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
@@ -27,8 +27,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """The slora_vtc modules `path` imports (at any depth), leaving out `if TYPE_CHECKING:` blocks."""
+def import_nodes(path: Path) -> list[ast.AST]:
+    """The nodes of `path`'s syntax tree, leaving out `if TYPE_CHECKING:` blocks."""
     tree = ast.parse(path.read_text())
     typing_only = {
         id(n)
@@ -36,10 +36,24 @@ def imports(path: Path) -> set[str]:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
         for n in ast.walk(node)
     }
+    return [node for node in ast.walk(tree) if id(node) not in typing_only]
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level packages `path` imports (at any depth): `vllm`, `torch`, `slora_vtc`, ..."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in import_nodes(path):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+def imports(path: Path) -> set[str]:
+    """The slora_vtc modules `path` imports (at any depth), leaving out `if TYPE_CHECKING:` blocks."""
+    found = set()
+    for node in import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slora_vtc."):
             found |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
         elif isinstance(node, ast.ImportFrom) and node.module == "slora_vtc":
@@ -89,3 +103,11 @@ def test_no_import_circles():
     for m in sorted(GRAPH):
         if m not in state:
             assert visit(m, []) is None
+
+
+def test_only_the_vllm_plugin_imports_vllm():
+    """vLLM (a test dependency, GPL-3.0 metadata) is imported by slora_vtc/vllm/ alone, so that
+    `import slora_vtc` and everything else work without it."""
+    assert "vllm" in top_level_imports(MODULES["slora_vtc.vllm.scheduler"])  # the check sees it
+    importers = sorted(m for m, p in MODULES.items() if unit(m) != "vllm" and "vllm" in top_level_imports(p))
+    assert importers == []
