@@ -34,6 +34,7 @@ SOURCES = {
     "metrics": "benchmarks/results/metrics_scrape.json",  # benchmarks/metrics_scrape.py
     "refsim": "benchmarks/results/refsim_ratio.json",  # benchmarks/refsim_ratio.py
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
+    "setups": "benchmarks/results/vllm_setups.json",  # benchmarks/vllm_compare.py (needs vLLM)
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
@@ -45,6 +46,7 @@ DOCS = (
     "docs/extending.md",
     "docs/beyond.md",
     "docs/gateway.md",
+    "docs/vllm.md",
 )
 
 NUMBER = re.compile(r"<!--n:(?P<key>[^>|]+?)(?:\|(?P<fmt>[^>]*))?-->(?P<text>.*?)<!--/n-->", re.S)
