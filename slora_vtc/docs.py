@@ -35,6 +35,7 @@ SOURCES = {
     "refsim": "benchmarks/results/refsim_ratio.json",  # benchmarks/refsim_ratio.py
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
     "vplugin": "benchmarks/results/vllm_plugin.json",  # benchmarks/vllm_plugin.py (in .venv-vllm)
+    "setups": "benchmarks/results/vllm_setups.json",  # benchmarks/vllm_compare.py (needs vLLM)
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }

@@ -44,14 +44,25 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench_http(args) -> int:
+    from slora_vtc.cli.tenants import tenant_table
     from slora_vtc.server.bench import BenchConfig, run_bench
 
     result = run_bench(
         BenchConfig(
-            args.trace_file, args.url, time_scale=args.time_scale, duration=args.duration, clients_file=args.clients
+            args.trace_file,
+            args.url,
+            time_scale=args.time_scale,
+            duration=args.duration,
+            clients_file=args.clients,
+            api=args.api,
+            model=args.model,
+            request_timeout_s=args.request_timeout,
+            deadline_s=args.deadline,
         )
     )
-    return report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
+    code = report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
+    print(tenant_table(result))
+    return code
 
 
 def add_parsers(sub) -> None:
@@ -139,4 +150,23 @@ def add_parsers(sub) -> None:
     )
     bench.add_argument("--duration", type=float, help="replay only the requests sent before this trace time (s)")
     bench.add_argument("--clients", help="clients file: send each client's API key instead of X-Client-Id")
+    bench.add_argument(
+        "--api",
+        default="slora",
+        choices=["slora", "openai"],
+        help="slora: S-LoRA's /generate_stream (the artifact's client; default); "
+        "openai: streamed /v1/completions of any OpenAI-compatible server (vLLM, serve, gateway)",
+    )
+    bench.add_argument("--model", help="--api openai: the model to ask for (default: the first /v1/models lists)")
+    bench.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="abort a request not finished after this many seconds (default 600)",
+    )
+    bench.add_argument(
+        "--deadline",
+        type=float,
+        help="abort whatever is left after this many seconds of the run (default: last send + request timeout)",
+    )
     bench.set_defaults(func=cmd_bench_http)

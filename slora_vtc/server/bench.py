@@ -1,31 +1,31 @@
-"""`slora-vtc bench-http TRACE --url URL`: replay a trace against a running server, over HTTP.
+"""`slora-vtc bench-http TRACE --url URL [--api slora|openai]`: replay a trace against a running
+server, over HTTP, each trace client a tenant.
 
-As the artifact's benchmark client does: every request is sent at its trace time to
-/generate_stream, as its client (X-Client-Id, or the client's API key from a clients file), with
-prompt_len dummy token ids and max_new_tokens = output_len (greedy, EOS ignored). First-token and
-total latency are measured here, on the client side, and written in the simulator's result
-format, so the same figures and tables come out of a served run. Status: finished; rejected
-(429, or 400: the server can never fit the request); aborted (any other failure). A replay in
-which no request finished is an error that names the commonest reason (e.g. HTTP 401).
+Every request is sent at its trace time, as its client (X-Client-Id, or the client's API key from
+a clients file), with the trace's prompt and output lengths (EOS ignored), by a sender speaking
+the server's protocol: S-LoRA's /generate_stream as the artifact's benchmark client did
+(bench_slora.py), or OpenAI's streamed /v1/completions for any OpenAI-compatible server
+(bench_openai.py). First-token and total latency are measured here, on the client side, and
+written in the simulator's result format, so the same figures, tables and `calibrate` work on a
+served run. Status: finished; rejected (429, or 400: the server can never fit the request);
+aborted (any other failure, a request past its timeout, or one the run's deadline cut off). A
+replay in which no request finished is an error that names the commonest reason (e.g. HTTP 401).
 """
 
 import asyncio
-import json
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass
 
-import httpx2
-
 from slora_vtc.errors import UserError
 from slora_vtc.results import Response, RunResult
+from slora_vtc.server.bench_outcome import Outcome, Sender
 from slora_vtc.serving.clients import Clients, load_clients
 from slora_vtc.traces import read_trace
 from slora_vtc.workload import RequestSpec
 
-DUMMY_TOKEN = 3  # a byte token in Llama's vocabulary (and in the byte tokenizer's), never a special one
-REJECTED_STATUSES = (400, 429)
+APIS = ("slora", "openai")
 
 
 @dataclass(frozen=True)
@@ -36,23 +36,26 @@ class BenchConfig:
     duration: float | None = None  # replay only the requests sent before this trace time
     clients_file: str | None = None  # to send each client's API key
     connect_timeout_s: float = 10.0
+    api: str = "slora"  # the protocol: S-LoRA's /generate_stream, or OpenAI's /v1/completions
+    model: str | None = None  # openai: the model to ask for (default: the first the server lists)
+    request_timeout_s: float = 600.0  # a request still going after this (wall-clock) is aborted
+    deadline_s: float | None = None  # wall-clock seconds for the whole run (default: last send + request timeout)
 
     def check(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise UserError(f"--url must start with http:// or https://, got '{self.url}'")
-        if self.time_scale <= 0:
-            raise UserError(f"--time-scale must be positive, got {self.time_scale}")
-        if self.duration is not None and self.duration <= 0:
-            raise UserError(f"--duration must be positive, got {self.duration}")
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    status: str
-    first_token_s: float = -1.0
-    total_s: float = -1.0
-    output_len: int | None = None
-    why: str = ""  # for a request that did not finish: the HTTP status and the server's message
+        if self.api not in APIS:
+            raise UserError(f"--api must be one of {', '.join(APIS)}, got '{self.api}'")
+        if self.model is not None and self.api != "openai":
+            raise UserError("--model is for --api openai (S-LoRA's /generate_stream serves one model)")
+        for flag, value in (
+            ("--time-scale", self.time_scale),
+            ("--duration", self.duration),
+            ("--request-timeout", self.request_timeout_s),
+            ("--deadline", self.deadline_s),
+        ):
+            if value is not None and not value > 0:
+                raise UserError(f"{flag} must be positive, got {value}")
 
 
 class NothingServed(UserError):
@@ -65,20 +68,30 @@ def run_bench(config: BenchConfig) -> RunResult:
     if not records:
         raise UserError(f"{config.trace}: no request before --duration {config.duration}")
     clients = load_clients(config.clients_file)
-    return asyncio.run(_replay(config, records, clients))
+    headers = [_headers(r.client, clients) for r in records]
+    return asyncio.run(_replay(config, records, headers))
 
 
-async def _replay(config: BenchConfig, records: list[RequestSpec], clients: Clients) -> RunResult:
+def _sender(config: BenchConfig, url: str) -> Sender:
+    if config.api == "openai":
+        from slora_vtc.server.bench_openai import OpenAISender
+
+        return OpenAISender(url, config.model, config.connect_timeout_s)
+    from slora_vtc.server.bench_slora import SloraSender
+
+    return SloraSender(url, config.connect_timeout_s)
+
+
+async def _replay(config: BenchConfig, records: list[RequestSpec], headers: list[dict]) -> RunResult:
     url = config.url.rstrip("/")
-    timeout = httpx2.Timeout(None, connect=config.connect_timeout_s)  # a queued request may wait long
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx2.AsyncClient(timeout=timeout, limits=limits) as http:
-        server = await _server_info(http, url)
+    sender = _sender(config, url)
+    try:
+        server = await sender.server_info()
         start = time.perf_counter()
-        outcomes = await asyncio.gather(
-            *(_send(http, url, r, start, config.time_scale, _headers(r.client, clients)) for r in records)
-        )
+        outcomes = await _send_all(sender, config, records, headers, start)
         total = (time.perf_counter() - start) * config.time_scale
+    finally:
+        await sender.aclose()
     duration = config.duration or math.ceil(records[-1].arrival)
     run_config = {
         "workload": "http",
@@ -95,22 +108,34 @@ async def _replay(config: BenchConfig, records: list[RequestSpec], clients: Clie
     return RunResult(run_config, total, responses)
 
 
-def _why_none(outcomes: list[_Outcome]) -> str:
+async def _send_all(
+    sender: Sender, config: BenchConfig, records: list[RequestSpec], headers: list[dict], start: float
+) -> list[Outcome]:
+    """Every request at its time, each bounded by the request timeout and all by the run's deadline."""
+    last_send = records[-1].arrival / config.time_scale
+    deadline = config.deadline_s or last_send + config.request_timeout_s + 1.0
+
+    async def one(index: int, rec: RequestSpec) -> Outcome:
+        await asyncio.sleep(max(0.0, start + rec.arrival / config.time_scale - time.perf_counter()))
+        try:
+            return await asyncio.wait_for(sender.send(rec, index, headers[index]), config.request_timeout_s)
+        except TimeoutError:
+            return Outcome("aborted", why=f"no end within --request-timeout {config.request_timeout_s:g} s")
+
+    tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(records)]
+    await asyncio.wait(tasks, timeout=max(0.0, start + deadline - time.perf_counter()))
+    for task in tasks:
+        task.cancel()  # those still waiting or streaming: closing the stream aborts them on the server
+    await asyncio.gather(*tasks, return_exceptions=True)
+    cut = Outcome("aborted", why=f"the run's --deadline of {deadline:g} s")
+    return [t.result() if not t.cancelled() else cut for t in tasks]
+
+
+def _why_none(outcomes: list[Outcome]) -> str:
     reasons = Counter(o.why or o.status for o in outcomes)
     (reason, count), *others = reasons.most_common()
     more = f"; {sum(n for _, n in others)} for other reasons" if others else ""
     return f"none of the {len(outcomes)} requests finished: {count} got {reason}{more}"
-
-
-async def _server_info(http: httpx2.AsyncClient, url: str) -> dict:
-    try:
-        reply = await http.get(f"{url}/health")
-    except httpx2.HTTPError as e:
-        raise UserError(f"{url}: no server answers ({e})") from None
-    if reply.status_code != 200:
-        raise UserError(f"{url}/health: the server is not ready (HTTP {reply.status_code})")
-    info = reply.json()
-    return {k: info[k] for k in ("scheduler", "model", "pool_tokens") if k in info}
 
 
 def _headers(client: str, clients: Clients) -> dict[str, str]:
@@ -123,58 +148,7 @@ def _headers(client: str, clients: Clients) -> dict[str, str]:
     return {"X-Client-Id": client}
 
 
-async def _send(
-    http: httpx2.AsyncClient, url: str, rec: RequestSpec, start: float, scale: float, headers: dict
-) -> _Outcome:
-    await asyncio.sleep(max(0.0, start + rec.arrival / scale - time.perf_counter()))
-    body = {
-        "inputs": [DUMMY_TOKEN] * rec.prompt_len,
-        "parameters": {"max_new_tokens": rec.output_len, "ignore_eos": True, "do_sample": False},
-    }
-    sent = time.perf_counter()
-    first, final = None, None
-    try:
-        async with http.stream("POST", f"{url}/generate_stream", json=body, headers=headers) as reply:
-            if reply.status_code != 200:
-                why = f"HTTP {reply.status_code} ({await _error_message(reply)})"
-                return _Outcome("rejected" if reply.status_code in REJECTED_STATUSES else "aborted", why=why)
-            async for line in reply.aiter_lines():
-                event = _event(line)
-                if event is None:
-                    continue
-                if first is None and event.get("token"):
-                    first = time.perf_counter() - sent
-                if event.get("finished"):
-                    final = event
-    except httpx2.HTTPError as e:
-        return _Outcome("aborted", why=f"a connection error ({type(e).__name__}: {e})")
-    details = (final or {}).get("details") or {}
-    if first is None or details.get("finish_reason") not in ("length", "stop"):
-        return _Outcome(
-            "aborted", why=f"a stream that ended without finishing ({details.get('finish_reason', 'no final event')})"
-        )
-    return _Outcome("finished", first, time.perf_counter() - sent, details.get("generated_tokens"))
-
-
-async def _error_message(reply: httpx2.Response) -> str:
-    """The server's error message (OpenAI's error shape), or the body's first line."""
-    body = (await reply.aread()).decode(errors="replace")
-    try:
-        return str(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return body.strip().splitlines()[0][:200] if body.strip() else "no message"
-
-
-def _event(line: str) -> dict | None:
-    if not line.startswith("data:"):
-        return None
-    try:
-        return json.loads(line[len("data:") :])
-    except json.JSONDecodeError:
-        return None
-
-
-def _response(rec: RequestSpec, outcome: _Outcome, scale: float) -> Response:
+def _response(rec: RequestSpec, outcome: Outcome, scale: float) -> Response:
     served = outcome.status == "finished"
     output_len = outcome.output_len if served and outcome.output_len is not None else rec.output_len
     return Response(
