@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import httpx2
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
@@ -40,7 +41,7 @@ from machine import machine_info  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_vs_vllm.json"
 TARGET, GOAL = 0.9, 1.0
 KEPT = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
-KEPT += ("duration", "completed", "total_output_tokens")
+KEPT += ("duration", "completed", "total_output_tokens", "server_cpu_s")
 CLIENT = (
     "import argparse, sys\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -81,8 +82,22 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def burst(args, port: int, model_name: str, out_dir: Path, tag: str) -> dict:
-    """One `vllm bench serve` burst against the server on `port`: its result file's numbers."""
+def cpu_seconds(proc: subprocess.Popen) -> float:
+    """CPU time (user + system) of the server and its child processes so far (vLLM runs three)."""
+    root = psutil.Process(proc.pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def burst(args, proc: subprocess.Popen, port: int, model_name: str, out_dir: Path, tag: str) -> dict:
+    """One `vllm bench serve` burst against the server on `port`: its result file's numbers, and the CPU seconds
+    the server spent on it."""
     name = f"{tag}.json"
     cmd = [
         args.vllm_python, "-c", CLIENT,
@@ -94,13 +109,15 @@ def burst(args, port: int, model_name: str, out_dir: Path, tag: str) -> dict:
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    cpu_before = cpu_seconds(proc)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.burst_timeout)
+    server_cpu = cpu_seconds(proc) - cpu_before
     if done.returncode != 0:
         raise SystemExit(f"vllm bench serve failed against port {port}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads((out_dir / name).read_text())
     if result["completed"] != args.num_prompts:
         raise SystemExit(f"{tag}: only {result['completed']} of {args.num_prompts} requests completed")
-    return {k: result[k] for k in KEPT}
+    return {**{k: result[k] for k in KEPT[:-1]}, "server_cpu_s": server_cpu}
 
 
 def spread(values: list[float]) -> dict:
@@ -112,7 +129,10 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder with a tokenizer")
     p.add_argument("--vllm-python", default="/work/venv-vllm/bin/python", help="the python of vLLM's venv")
     p.add_argument("--our-cmd", default=f"{sys.executable} -m slora_vtc serve", help="how to start our server")
-    p.add_argument("--port", type=int, default=8180, help="ours; vLLM gets the next one")
+    p.add_argument(
+        "--baseline", type=Path, help="also our serve from this checkout of an older revision (PYTHONPATH), as 'before'"
+    )
+    p.add_argument("--port", type=int, default=8180, help="ours; vLLM gets the next one, the baseline the one after")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
@@ -128,8 +148,10 @@ def main() -> None:
     args = p.parse_args()
     model_name = args.model.resolve().name
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm_"))
-    ours_cmd = [*args.our_cmd.split(), "--model", str(args.model), "--port", str(args.port)]
-    ours_cmd += ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs"]
+    ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs"]
+    ours_args += ["--model", str(args.model)]
+    ours_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port)]
+    before_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 2)]
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model)]
     vllm_cmd += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(args.port + 1)]
     vllm_cmd += ["--dtype", args.dtype] + (["--enforce-eager"] if args.vllm_eager else [])
@@ -143,44 +165,53 @@ def main() -> None:
         if not args.skip_vllm:
             procs["vllm"] = start(vllm_cmd, vllm_env, work / "vllm.log")
             started["vllm"] = wait_ready(procs["vllm"], args.port + 1, work / "vllm.log", args.start_timeout)
-        ports = {"ours": args.port, "vllm": args.port + 1}
+        if args.baseline is not None:
+            procs["before"] = start(before_cmd, {"PYTHONPATH": str(args.baseline)}, work / "before.log")
+            started["before"] = wait_ready(procs["before"], args.port + 2, work / "before.log", args.start_timeout)
+        ports = {"ours": args.port, "vllm": args.port + 1, "before": args.port + 2}
         names = list(procs)
         for name in names:  # warm-up
-            burst(args, ports[name], model_name, work, f"warmup-{name}")
+            burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}")
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for i in range(args.repeats):
             for name in names if i % 2 == 0 else names[::-1]:
-                runs[name].append(burst(args, ports[name], model_name, work, f"{name}-{i}"))
+                runs[name].append(burst(args, procs[name], ports[name], model_name, work, f"{name}-{i}"))
                 print(f"repeat {i} {name}: {runs[name][-1]['output_throughput']:.0f} tok/s", flush=True)
     finally:
         for proc in procs.values():
             stop(proc)
-    summary = {name: {k: spread([r[k] for r in rs]) for k in KEPT[:6]} for name, rs in runs.items()}
+    shown = (*KEPT[:6], "server_cpu_s")
+    summary = {name: {k: spread([r[k] for r in rs]) for k in shown} for name, rs in runs.items()}
     print(json.dumps(summary, indent=1))
     if args.skip_vllm:
         return
-    ratios = [o["output_throughput"] / v["output_throughput"] for o, v in zip(runs["ours"], runs["vllm"])]
+    ratios = {
+        name: spread([o["output_throughput"] / v["output_throughput"] for o, v in zip(runs[name], runs["vllm"])])
+        for name in names
+        if name != "vllm"
+    }
     record = {
         "machine": machine_info(torch=_version("torch"), vllm=_vllm_version(args.vllm_python)),
         "burst": {"prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len},
         "settings": {
             "dtype": args.dtype,
-            "ours": " ".join(ours_cmd[len(args.our_cmd.split()) :]),
+            "ours": "serve " + " ".join(ours_args),
             "vllm": " ".join(vllm_cmd[3:]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",
         },
         "start_s": started,
         "repeats": args.repeats,
-        "ours": summary["ours"],
-        "vllm": summary["vllm"],
-        "ratio_output_throughput": spread(ratios),
+        **summary,
+        "baseline": None if args.baseline is None else str(args.baseline),
+        "ratio_output_throughput": ratios,
         "target": TARGET,
         "goal": GOAL,
         "runs": runs,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"ours / vLLM output tokens/s: median {record['ratio_output_throughput']['median']:.2f}x -> {args.out}")
+    for name, ratio in ratios.items():
+        print(f"{name} / vLLM output tokens/s: median {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})")
 
 
 def _version(module: str) -> str:
