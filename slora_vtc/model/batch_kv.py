@@ -101,8 +101,9 @@ class BatchKV:
             rows, cols = batch, capacity
         self._k = self._v = None  # free the old copy before the new one
         shape = (self.layers, rows, self.kv_heads, cols, self.head_dim)
-        self._k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self._v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        # zeros, not empty: attention weighs padding columns by 0, and 0 x NaN garbage would still be NaN
+        self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
 
 def _padding_mask(seq_lens: torch.Tensor, width: int) -> torch.Tensor | None:
