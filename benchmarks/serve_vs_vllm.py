@@ -146,6 +146,9 @@ def main() -> None:
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
+    # stopped by a signal (even started in the background, where SIGINT is ignored): stop the servers on the way out
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model_name = args.model.resolve().name
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm_"))
     ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs"]
