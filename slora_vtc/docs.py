@@ -34,6 +34,8 @@ SOURCES = {
     "metrics": "benchmarks/results/metrics_scrape.json",  # benchmarks/metrics_scrape.py
     "refsim": "benchmarks/results/refsim_ratio.json",  # benchmarks/refsim_ratio.py
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
+    "vsvllm": "benchmarks/results/serve_vs_vllm.json",  # benchmarks/serve_vs_vllm.py
+    "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
