@@ -36,6 +36,8 @@ SOURCES = {
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
     "vplugin": "benchmarks/results/vllm_plugin.json",  # benchmarks/vllm_plugin.py (in .venv-vllm)
     "setups": "benchmarks/results/vllm_setups.json",  # benchmarks/vllm_compare.py (needs vLLM)
+    "vsvllm": "benchmarks/results/serve_vs_vllm.json",  # benchmarks/serve_vs_vllm.py
+    "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }

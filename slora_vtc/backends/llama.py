@@ -24,6 +24,7 @@ import torch
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, slots_per_row
+from slora_vtc.model.batch_kv import BatchKV
 from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Prefill
 from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
@@ -155,6 +156,8 @@ class LlamaBackend(ModelBackend):
         }  # read (and checked) once
         self._gen = torch.Generator(device=self.device).manual_seed(seed)  # dummy prompts, and unseeded sampling
         self.sampler = BatchSampler(sampling, self._gen, self.spec.vocab_size, self.device)
+        # kernels whose decode attention gathers the context from the pool: keep the batch's K/V densely instead
+        self.batch_kv = BatchKV(model.pool.k) if getattr(model.ops, "gathers_decode_kv", False) else None
         self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
 
     # -- the engine's interface ------------------------------------------------------------
@@ -165,6 +168,7 @@ class LlamaBackend(ModelBackend):
         return self._timed(self._decode, reqs)
 
     def release(self, req: Request, preempted: bool = False) -> None:
+        self._invalidate_dense()
         self.rows.remove(req.rid)
         self.sampler.release(req, preempted)
 
@@ -178,6 +182,7 @@ class LlamaBackend(ModelBackend):
         slots_t = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
         if len(slots_t) != adapter.slots(self.spec):
             raise ValueError(f"adapter '{name}' needs {adapter.slots(self.spec)} slots, the pool gave {len(slots_t)}")
+        self._invalidate_dense()
         weights = self._host_weights.get(name) or dummy_adapter(
             self.spec, adapter, self.device, self.model.weights.embed.dtype, self.seed
         )
@@ -196,6 +201,7 @@ class LlamaBackend(ModelBackend):
                 for i, t, lp in zip(todo, *run([reqs[i] for i in todo])):
                     tokens[i], logprobs[i] = t, lp
         except Exception as batch_error:  # isolate the failing requests: retry one by one
+            self._invalidate_dense()
             log.warning("a batch of %d failed (%s); retrying request by request", len(todo), batch_error)
             for i in todo:
                 try:
@@ -211,6 +217,7 @@ class LlamaBackend(ModelBackend):
 
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
+        self._invalidate_dense()
         ids = self._prefill_ids(reqs)
         full = [r.prefill_len for r in reqs]
         cached = [r.cached_len for r in reqs]
@@ -265,7 +272,9 @@ class LlamaBackend(ModelBackend):
         seq_lens = positions + 1
         max_len = max(r.held_tokens for r in reqs)  # == max(seq_lens), known on the host without a sync
         lora = self.resident.batch(self.rows.adapter[rows]) if any(self._adapter_of(r) >= 0 for r in reqs) else None
-        batch = Decode(self.rows.last[rows], positions, new_slots, self.rows.table[rows, :max_len], seq_lens, lora)
+        dense = self._dense(reqs, max_len)
+        table = self.rows.table[rows, :max_len]
+        batch = Decode(self.rows.last[rows], positions, new_slots, table, seq_lens, lora, dense)
         nxt, logprobs = self._sample(reqs, self.model.forward(batch))
         self.rows.lens[rows], self.rows.last[rows] = seq_lens, nxt
         return nxt.tolist(), logprobs
@@ -275,6 +284,17 @@ class LlamaBackend(ModelBackend):
         if self.on_logits is not None:
             self.on_logits(reqs, logits)
         return self.sampler.sample(reqs, logits)
+
+    def _dense(self, reqs: list[Request], max_len: int):
+        """This step's dense K/V of the batch (model/batch_kv.py), None where the kernels read the pool."""
+        if self.batch_kv is None:
+            return None
+        capacity = max(max_len, max(r.prompt_len + r.max_new_tokens for r in reqs))  # its longest by its end
+        return self.batch_kv.view([r.rid for r in reqs], capacity)
+
+    def _invalidate_dense(self) -> None:
+        if self.batch_kv is not None:
+            self.batch_kv.invalidate()
 
     def _adapter_of(self, req: Request) -> int:
         return -1 if req.adapter is None else self.resident.index.get(req.adapter, -1)

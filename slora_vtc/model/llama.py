@@ -3,7 +3,8 @@
 x = embed(tokens); per layer: x += attention(rms_norm(x)); x += mlp(rms_norm(x));
 logits = lm_head(rms_norm(x)) at each request's last token.
 attention: q, k, v = W_qkv h; rotate q, k; write k, v into the pool; prefill attends causally
-within each prompt, decode attends over the request's slots in the pool; o = W_o attn.
+within each prompt, decode attends over the request's slots in the pool (or over the batch's dense copy of
+them, `Decode.dense`: model/batch_kv.py); o = W_o attn.
 Extend (a prefill whose requests may start with a cached prefix, `Prefill.prefix`): only the tokens
 after each request's cached_len are computed, at positions cached_len.., and attend causally over the
 request's whole context (cached slots, then the new ones) read through a slot table. A batch without
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from slora_vtc.model.batch_kv import DenseKV
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import ModelSpec
@@ -72,6 +74,7 @@ class Decode:
     slot_table: torch.Tensor  # [B, max_len]: each request's slots, the new one included
     seq_lens: torch.Tensor  # [B]
     lora: LoraBatch | None = None
+    dense: DenseKV | None = None  # the batch's K/V kept densely across steps (batch_kv.py); None: read the pool
 
 
 class Llama:
@@ -112,6 +115,10 @@ class Llama:
             p = batch.prefix
             o = ops.extend_attention(
                 q, k_cache, v_cache, batch.cu_seqlens, p.slot_table, p.cached_lens, self.scale, batch.max_seqlen
+            )
+        elif batch.dense is not None:
+            o = batch.dense.attend(
+                i, q, k, v, k_cache, v_cache, batch.slot_table, batch.positions, batch.seq_lens, self.scale
             )
         else:
             o = ops.decode_attention(q, k_cache, v_cache, batch.slot_table, batch.seq_lens, self.scale)

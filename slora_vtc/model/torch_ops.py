@@ -20,6 +20,7 @@ DECODE_CHUNK_BYTES = 4 << 20
 
 class TorchOps:
     name = "torch"
+    gathers_decode_kv = True  # decode_attention copies the context out of the pool: a backend may keep it (batch_kv.py)
     lora_shrink = staticmethod(reference.lora_shrink)
     lora_expand = staticmethod(reference.lora_expand)
     lora_shrink_segments = staticmethod(reference.lora_shrink_segments)

@@ -61,11 +61,14 @@ class ByteTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     def __init__(self, folder: Path):
         self._tok = load_hf_tokenizer(folder)
+        self._backend_decode = _backend_decode(self._tok)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=True))
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=True)
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def chat_prompt(self, messages: list[Message]) -> list[int]:
@@ -74,6 +77,22 @@ class HFTokenizer(Tokenizer):
         chat = [{"role": role, "content": content} for role, content in messages]
         text = self._tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         return list(self._tok.encode(text, add_special_tokens=False))  # the template writes BOS itself
+
+
+def _backend_decode(tok):
+    """The `tokenizers` library's decode where transformers' decode of `tok` is exactly that call (a fast tokenizer
+    that neither overrides decoding nor cleans up spaces): the same text without transformers' per-call wrapping,
+    which cost as much again (twice per streamed token: IncrementalDecoder). None otherwise."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    cls = type(tok)
+    plain = cls.decode is PreTrainedTokenizerBase.decode and cls._decode is TokenizersBackend._decode
+    if not plain or getattr(tok, "clean_up_tokenization_spaces", True):
+        return None
+    return tok.backend_tokenizer.decode
 
 
 def load_tokenizer(model: str, spec: ModelSpec, path: str | None = None) -> Tokenizer:

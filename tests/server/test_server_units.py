@@ -3,6 +3,7 @@ sampling in the backend, and the engine service's thread (submit, abort, shutdow
 
 import asyncio
 import os
+import random
 
 import pytest
 import torch
@@ -77,6 +78,18 @@ def test_hf_folder_tokenizer_with_chat_template(hf_folder):
     assert tok.decode(tok.encode("hello wörld")) == "hello wörld"
     chat = tok.chat_prompt([("user", "hi")])
     assert chat[0] == 1 and tok.decode(chat) == "user: hi\nassistant:"
+
+
+def test_hf_decode_is_transformers_decode(hf_folder):
+    """The server decodes through the `tokenizers` library directly where that is what transformers' decode does:
+    the same text for random id runs (special tokens and bytes cut mid-character among them)."""
+    tok = load_tokenizer(str(hf_folder), resolve_spec(str(hf_folder)))
+    assert tok._backend_decode is not None  # a plain fast tokenizer: the direct path is taken
+    hf = tok._tok
+    gen = random.Random(0)
+    for _ in range(300):
+        ids = [gen.randrange(len(hf)) for _ in range(gen.randrange(0, 12))]
+        assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
 
 
 def test_tokenizer_choice(tmp_path, hf_folder):
