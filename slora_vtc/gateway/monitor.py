@@ -31,6 +31,6 @@ async def probe(ctx: GatewayContext, upstream: Upstream, aimd: Aimd) -> None:
             queue = queue_metrics(reply.text) if reply.status_code == 200 else None
             if queue is not None:
                 upstream.queued_upstream = queue[0]
-                upstream.limit = aimd.next_limit(upstream.limit, queue[0], upstream.inflight)
+                upstream.limit = aimd.next_limit(upstream.limit, queue[0], upstream.inflight, queue[1])
     except httpx2.HTTPError:
         return  # still down (or its metrics did not answer this time): try again at the next probe

@@ -20,7 +20,17 @@ from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
 from slora_vtc.serving.clients import ClientConfig, Clients, scheduler_for
 
-TOKEN_COUNT_SCHEDULERS = ["fcfs", "rpm:100", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"]
+TOKEN_COUNT_SCHEDULERS = [
+    "fcfs",
+    "passthrough",
+    "rpm:100",
+    "vtc",
+    "lcf",
+    "wvtc:1,2",
+    "vtc-oracle",
+    "vtc-pred:0.5",
+    "vtc-avg",
+]
 
 
 def dispatcher(spec: str = "vtc", limits=(1,), max_waiting: int = 100) -> Dispatcher:
