@@ -47,19 +47,24 @@ TARGET = 0.97
 TENANTS = {"heavy": 12, "light": 4}  # requests each keeps in flight
 START_TIMEOUT_S = 60
 DRAIN_TIMEOUT_S = 60
+GENERATED = "vllm:generation_tokens_total"
 
 
 @dataclass
 class Tally:
     tokens: int = 0  # output tokens received inside the window
     finished: int = 0
+    errors: int = 0
     ttfts: list[float] = field(default_factory=list)
 
 
 async def one_request(client: openai.AsyncOpenAI, tenant: str, args, tally: Tally, rng: random.Random) -> None:
+    """One streamed request through the official client, its events read as raw lines: parsing
+    each chunk into the client's models costs more CPU than the tiny model's step on this machine,
+    and would measure the client."""
     prompt = [rng.randrange(10, args.vocab) for _ in range(args.input_len)]
     start, seen, usage = time.perf_counter(), 0, None
-    stream = await client.completions.create(
+    async with client.completions.with_streaming_response.create(
         model=args.model,
         prompt=prompt,
         max_tokens=args.output_len,
@@ -67,17 +72,17 @@ async def one_request(client: openai.AsyncOpenAI, tenant: str, args, tally: Tall
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
         extra_headers={"X-Client-Id": tenant},
-    )
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage.completion_tokens
-        if chunk.choices:
-            if seen == 0:
-                tally.ttfts.append(time.perf_counter() - start)
-            seen += 1
-            tally.tokens += 1
+    ) as response:
+        async for line in response.iter_lines():
+            if '"usage":{' in line.replace(" ", "") and '"completion_tokens"' in line:
+                usage = json.loads(line[5:])["usage"]["completion_tokens"]
+            elif line.startswith("data:") and '"text"' in line:
+                if seen == 0:
+                    tally.ttfts.append(time.perf_counter() - start)
+                seen += 1
+                tally.tokens += 1
     if usage is not None and usage > seen:
-        tally.tokens += usage - seen  # tokens that sent no chunk of their own
+        tally.tokens += usage - seen  # tokens that sent no chunk of their own (or several in one)
     tally.finished += 1
 
 
@@ -87,7 +92,8 @@ async def tenant_loop(client, tenant, inflight, args, tally, rng) -> None:
             try:
                 await one_request(client, tenant, args, tally, rng)
             except openai.APIError as e:
-                print(f"  {tenant}: {type(e).__name__}: {e} ({e.__cause__!r})", file=sys.stderr)
+                tally.errors += 1
+                print(f"  {tenant} at {client.base_url}: {type(e).__name__}: {e} ({e.__cause__!r})", file=sys.stderr)
                 await asyncio.sleep(0.1)
 
     await asyncio.gather(*(worker() for _ in range(inflight)))
@@ -121,11 +127,13 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
     samples: list[dict] = []
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     async with httpx2.AsyncClient(timeout=5) as http:
+        generated = await generation_tokens(http, vllm)
         tasks = [
             asyncio.ensure_future(tenant_loop(client, t, n, args, tallies[t], rng)) for t, n in TENANTS.items()
         ] + [asyncio.ensure_future(sample_metrics(http, vllm, gateway, samples))]
         await asyncio.sleep(args.window)
         counted = {t: (tallies[t].tokens, tallies[t].finished) for t in TENANTS}
+        generated = await generation_tokens(http, vllm) - generated
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -134,13 +142,20 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
     mean = lambda key: statistics.fmean(s[key] for s in samples) if samples else None  # noqa: E731
     return {
         "tokens_per_s": sum(c[0] for c in counted.values()) / args.window,
+        "vllm_tokens_per_s": generated / args.window,
         "finished": {t: c[1] for t, c in counted.items()},
+        "errors": sum(t.errors for t in tallies.values()),
         "tokens": {t: c[0] for t, c in counted.items()},
         "mean_ttft_s": {t: statistics.fmean(tallies[t].ttfts) if tallies[t].ttfts else None for t in TENANTS},
         "vllm_mean_running": mean("vllm:num_requests_running"),
         "vllm_mean_waiting": mean("vllm:num_requests_waiting"),
         "gateway_mean_limit": mean("slora_gateway_upstream_limit") if gateway else None,
     }
+
+
+async def generation_tokens(http: httpx2.AsyncClient, vllm: str) -> float:
+    """vLLM's own count of the tokens it generated so far."""
+    return gauges((await http.get(f"{vllm}/metrics")).text, (GENERATED,))[GENERATED]
 
 
 async def drained(http: httpx2.AsyncClient, vllm: str) -> None:
@@ -213,8 +228,9 @@ def run(args) -> dict:
             rounds.append({"direct": direct, "gateway": through, "ratio": ratio})
             print(
                 f"round {i + 1}: direct {direct['tokens_per_s']:.0f} tok/s "
-                f"(running {direct['vllm_mean_running']:.2f}), "
+                f"(running {direct['vllm_mean_running']:.2f}, vllm {direct['vllm_tokens_per_s']:.0f}), "
                 f"gateway {through['tokens_per_s']:.0f} tok/s (running {through['vllm_mean_running']:.2f}, "
+                f"vllm {through['vllm_tokens_per_s']:.0f}, errors {through['errors']}, "
                 f"limit {through['gateway_mean_limit']:.2f}, cpu {through['gateway_cpu_s']:.1f} s): ratio {ratio:.3f}",
                 flush=True,
             )

@@ -1,15 +1,17 @@
 """A concurrency budget adapted from an upstream's own queue (vLLM's /metrics): AIMD around a margin.
 
 vLLM exports `vllm:num_requests_waiting` and `vllm:num_requests_running` (gauges, one sample per
-model / engine). The budget aims at an upstream that runs a full batch with `margin` requests queued
-behind it: when one of its requests ends, the next one is already there and joins the batch at its
-next step, instead of after the gateway has seen the end, dispatched, and the upstream has parsed and
-tokenized a new request (measured on vLLM: a budget of exactly the batch left holes in it, and one cut
-below the batch by a momentary queue left more; benchmarks/gateway_vllm.py). While the upstream queues
-fewer than `margin` and the gateway uses its whole budget, the budget grows by one slot per probe;
-when it queues more, the budget shrinks by a quarter, but never below what the upstream runs plus the
-margin. So the backlog still waits here, in the fair queues, and only `margin` requests wait in the
-upstream's FCFS queue.
+model / engine). The budget aims at an upstream that runs its full batch with a margin queued behind
+it, as many requests as it runs (`margin` per running request, at least `min_margin`): when requests
+end, their successors are already there and join the batch at its next step, instead of after the
+gateway has seen the ends, dispatched, and the upstream has parsed and tokenized new requests.
+Measured on vLLM (benchmarks/gateway_vllm.py, docs/gateway.md): the old rule, which cut the budget
+by a quarter whenever the upstream queued anything, kept it below the batch (a mean of 2.6 to 4.3
+slots for a batch of 4), and requests of equal length end together, so a smaller margin still
+leaves holes. While the upstream queues less than the margin and the gateway uses its whole budget,
+the budget grows by one slot per probe; when it queues more, the budget shrinks by a quarter, but
+never below what the upstream runs plus the margin. The backlog beyond that waits here, in the
+fair queues; the upstream's FCFS queue holds one batch, in the order the gateway chose.
 """
 
 import math
@@ -28,13 +30,18 @@ class Aimd:
     ceiling: int = 1024
     increase: int = 1
     decrease: float = 0.75  # the budget kept when the upstream queues more than the margin
-    margin: int = 1  # requests kept queued upstream, ready to fill its batch as soon as a request ends
+    margin: float = 1.0  # requests kept queued upstream per request it runs, to refill its batch as requests end
+    min_margin: int = 1
+
+    def margin_for(self, upstream_running: float) -> int:
+        return max(self.min_margin, math.ceil(upstream_running * self.margin))
 
     def next_limit(self, limit: int, upstream_waiting: float, inflight: int, upstream_running: float = 0.0) -> int:
-        if upstream_waiting > self.margin:
-            keep = max(math.ceil(upstream_running) + self.margin, math.floor(limit * self.decrease))
+        margin = self.margin_for(upstream_running)
+        if upstream_waiting > margin:
+            keep = max(math.ceil(upstream_running) + margin, math.floor(limit * self.decrease))
             return max(self.floor, min(limit, keep))
-        if upstream_waiting < self.margin and inflight >= limit:
+        if upstream_waiting < margin and inflight >= limit:
             return min(self.ceiling, limit + self.increase)
         return limit
 
