@@ -39,7 +39,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from machine import git_revision, machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway_vllm.json"
 REPO = Path(__file__).resolve().parent.parent
@@ -240,6 +240,7 @@ def run(args) -> dict:
     ratios = [r["ratio"] for r in rounds]
     summary = {
         "gateway_args": args.gateway_args,
+        "gateway_code": args.code or git_revision(),
         "ratio": spread(ratios),
         "direct_tokens_per_s": spread([r["direct"]["tokens_per_s"] for r in rounds]),
         "gateway_tokens_per_s": spread([r["gateway"]["tokens_per_s"] for r in rounds]),
@@ -274,6 +275,7 @@ def main(argv=None) -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=299, help="prompt token ids are drawn below this")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--code", help="which gateway code ran (default: this checkout's git revision)")
     parser.add_argument("--dry", action="store_true", help="print, record nothing")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.window <= 0:

@@ -1,0 +1,100 @@
+"""Client load for the vLLM tests, through the `openai` client: tenants that each keep a number of
+streaming completions in flight (a closed loop), bounded in time; tokens counted as they arrive.
+
+Prompts are token ids drawn at random (seeded), so that the prefix cache does not favour anyone;
+`ignore_eos` makes every request produce exactly `max_tokens` tokens.
+"""
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+from openai import AsyncOpenAI
+
+VOCAB = range(3, 250)  # the tiny model's ordinary tokens (0-2 are special)
+
+
+def client(url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120.0)
+
+
+def prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.choice(VOCAB) for _ in range(length)]
+
+
+@dataclass
+class Served:
+    """What one tenant received: token arrival times, and the usage of each request that finished."""
+
+    token_times: list[float] = field(default_factory=list)
+    usages: list[tuple[int, int]] = field(default_factory=list)  # (prompt_tokens, completion_tokens)
+    errors: list[str] = field(default_factory=list)
+
+    def tokens_between(self, start: float, end: float) -> int:
+        return sum(start <= t < end for t in self.token_times)
+
+
+async def complete(api: AsyncOpenAI, tenant: str, ids: list[int], max_tokens: int, served: Served) -> None:
+    """One streaming completion; its tokens and usage are noted in `served`."""
+    stream = await api.completions.create(
+        model="tiny", prompt=ids, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        extra_headers={"X-Client-Id": tenant},
+    )  # fmt: skip
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text is not None:
+            served.token_times.append(time.monotonic())
+        if chunk.usage is not None:
+            served.usages.append((chunk.usage.prompt_tokens, chunk.usage.completion_tokens))
+
+
+async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, prompt_len: int, max_tokens: int,
+                      seed: int = 0) -> dict[str, Served]:  # fmt: skip
+    """Each tenant keeps `in_flight[tenant]` requests going for `seconds`; then every request still
+    going is cancelled (its client disconnects, so vLLM aborts it)."""
+    api, rng = client(url), random.Random(seed)
+    served = {tenant: Served() for tenant in in_flight}
+    deadline = time.monotonic() + seconds
+
+    async def worker(tenant: str) -> None:
+        while time.monotonic() < deadline:
+            try:
+                await complete(api, tenant, prompt(rng, prompt_len), max_tokens, served[tenant])
+            except Exception as e:  # noted; the test decides
+                served[tenant].errors.append(repr(e))
+                await asyncio.sleep(0.1)
+
+    tasks = [asyncio.create_task(worker(t)) for t, n in in_flight.items() for _ in range(n)]
+    await asyncio.sleep(seconds)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await api.close()
+    return served
+
+
+async def batch(url: str, requests: list[tuple[str, int, int]], seed: int = 0) -> dict[str, Served]:
+    """Send (tenant, prompt length, max tokens) requests all at once and wait for all of them."""
+    api, rng = client(url), random.Random(seed)
+    served = {tenant: Served() for tenant, _, _ in requests}
+    await asyncio.wait_for(
+        asyncio.gather(*(complete(api, t, prompt(rng, p), m, served[t]) for t, p, m in requests)), timeout=600
+    )
+    await api.close()
+    return served
+
+
+def wait_until(predicate, timeout_s: float = 30.0, every_s: float = 0.5):
+    """Poll `predicate` until it returns something true (returned) or the time is up (AssertionError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = predicate()
+        except (OSError, ValueError):  # a stats file being replaced
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s} s")
+        time.sleep(every_s)
