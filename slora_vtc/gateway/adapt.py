@@ -2,16 +2,17 @@
 
 vLLM exports `vllm:num_requests_waiting` and `vllm:num_requests_running` (gauges, one sample per
 model / engine). The budget aims at an upstream that runs its full batch with a margin queued behind
-it, as many requests as it runs (`margin` per running request, at least `min_margin`): when requests
-end, their successors are already there and join the batch at its next step, instead of after the
-gateway has seen the ends, dispatched, and the upstream has parsed and tokenized new requests.
-Measured on vLLM (benchmarks/gateway_vllm.py, docs/gateway.md): the old rule, which cut the budget
-by a quarter whenever the upstream queued anything, kept it below the batch (a mean of 2.6 to 4.3
-slots for a batch of 4), and requests of equal length end together, so a smaller margin still
-leaves holes. While the upstream queues less than the margin and the gateway uses its whole budget,
+it, as many requests as its batch holds (`margin` per request of the batch, at least `min_margin`):
+when requests end, their successors are already there and join the batch at its next step, instead
+of after the gateway has seen the ends, dispatched, and the upstream has parsed and tokenized new
+requests. The batch is the most requests the upstream was seen running (`Upstream.batch`), not the
+count of the moment: requests of equal length end together, and a probe that lands then sees an
+empty batch and a full queue. Measured on vLLM (benchmarks/gateway_vllm.py, docs/gateway.md): the
+old rule, which cut the budget by a quarter whenever the upstream queued anything, kept it below
+the batch. While the upstream queues less than the margin and the gateway uses its whole budget,
 the budget grows by one slot per probe; when it queues more, the budget shrinks by a quarter, but
-never below what the upstream runs plus the margin. The backlog beyond that waits here, in the
-fair queues; the upstream's FCFS queue holds one batch, in the order the gateway chose.
+never below the batch plus the margin. The backlog beyond that waits here, in the fair queues; the
+upstream's FCFS queue holds about one batch, in the order the gateway chose.
 """
 
 import math
@@ -30,16 +31,17 @@ class Aimd:
     ceiling: int = 1024
     increase: int = 1
     decrease: float = 0.75  # the budget kept when the upstream queues more than the margin
-    margin: float = 1.0  # requests kept queued upstream per request it runs, to refill its batch as requests end
+    margin: float = 1.0  # requests kept queued upstream per request of its batch, to refill it as requests end
     min_margin: int = 1
 
-    def margin_for(self, upstream_running: float) -> int:
-        return max(self.min_margin, math.ceil(upstream_running * self.margin))
+    def margin_for(self, batch: float) -> int:
+        return max(self.min_margin, math.ceil(batch * self.margin))
 
-    def next_limit(self, limit: int, upstream_waiting: float, inflight: int, upstream_running: float = 0.0) -> int:
-        margin = self.margin_for(upstream_running)
+    def next_limit(self, limit: int, upstream_waiting: float, inflight: int, batch: float = 0.0) -> int:
+        """The next budget, from the upstream's queue and `batch`, the most requests it was seen running."""
+        margin = self.margin_for(batch)
         if upstream_waiting > margin:
-            keep = max(math.ceil(upstream_running) + margin, math.floor(limit * self.decrease))
+            keep = max(math.ceil(batch) + margin, math.floor(limit * self.decrease))
             return max(self.floor, min(limit, keep))
         if upstream_waiting < margin and inflight >= limit:
             return min(self.ceiling, limit + self.increase)
