@@ -1,18 +1,21 @@
 """A concurrency budget adapted from an upstream's own queue (vLLM's /metrics): AIMD around a margin.
 
 vLLM exports `vllm:num_requests_waiting` and `vllm:num_requests_running` (gauges, one sample per
-model / engine). The budget aims at an upstream that runs its full batch with a margin queued behind
-it, as many requests as its batch holds (`margin` per request of the batch, at least `min_margin`):
-when requests end, their successors are already there and join the batch at its next step, instead
-of after the gateway has seen the ends, dispatched, and the upstream has parsed and tokenized new
-requests. The batch is the most requests the upstream was seen running (`Upstream.batch`), not the
-count of the moment: requests of equal length end together, and a probe that lands then sees an
-empty batch and a full queue. Measured on vLLM (benchmarks/gateway_vllm.py, docs/gateway.md): the
-old rule, which cut the budget by a quarter whenever the upstream queued anything, kept it below
-the batch. While the upstream queues less than the margin and the gateway uses its whole budget,
-the budget grows by one slot per probe; when it queues more, the budget shrinks by a quarter, but
-never below the batch plus the margin. The backlog beyond that waits here, in the fair queues; the
-upstream's FCFS queue holds about one batch, in the order the gateway chose.
+model / engine). The budget aims at an upstream that runs its full batch with a margin queued
+behind it (`margin` per request of the batch, at least `min_margin`: one request for a batch of 4,
+64 for vLLM's default of 256): when a request ends, its successor is already there and joins the
+batch at the next step, instead of after the gateway has seen the end, dispatched, and the
+upstream has parsed and tokenized a new request. The batch is the most requests the upstream was
+seen running (`Upstream.batch`), not the count of the moment: requests of equal length end
+together, and a probe that lands then sees an empty batch and a full queue.
+
+While the upstream queues less than the margin and the gateway uses its whole budget, the budget
+grows by one slot per probe; when it queues more, the budget shrinks by a quarter, but never below
+the batch plus the margin. Measured on vLLM (benchmarks/gateway_vllm.py, docs/gateway.md): the old
+rule, which cut the budget by a quarter whenever the upstream queued anything, kept it below the
+batch; a margin of a whole batch kept the batch fuller but let vLLM's FCFS queue decide again (a
+tenant with 4 requests in flight got 0.40 of the service of one with 12, against 0.83 with the old
+rule). The backlog beyond the margin waits here, in the fair queues.
 """
 
 import math
@@ -31,7 +34,7 @@ class Aimd:
     ceiling: int = 1024
     increase: int = 1
     decrease: float = 0.75  # the budget kept when the upstream queues more than the margin
-    margin: float = 1.0  # requests kept queued upstream per request of its batch, to refill it as requests end
+    margin: float = 0.25  # requests kept queued upstream per request of its batch, to refill it as requests end
     min_margin: int = 1
 
     def margin_for(self, batch: float) -> int:
