@@ -273,8 +273,12 @@ def test_nothing_is_lost_when_vllm_dies_mid_run(stock_vllm):
                         for i in range(10)
                         for tenant in ("heavy", "light")
                     ]
-                    # vLLM streams, and the gateway holds a backlog, when it dies
-                    while g.total("slora_gateway_client_service") < 200 or g.metrics()["slora_gateway_waiting"] < 2:
+                    # vLLM streams (the prompts of the 8 dispatched first count 8 * 32), and the gateway holds a
+                    # backlog, when it dies
+                    while (
+                        g.total("slora_gateway_client_service") < 8 * PROMPT + 100
+                        or g.metrics()["slora_gateway_waiting"] < 2
+                    ):
                         await asyncio.sleep(0.2)
                     await asyncio.to_thread(relay.cut)
                     # the requests that waited found no upstream: the gateway knows that none is left
