@@ -240,15 +240,26 @@ def run(args) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    summary = summarize(rounds, args.gateway_args, args.code or git_revision())
+    print(
+        f"ratio {summary['ratio']['mean']:.3f} (min {summary['ratio']['min']:.3f}, max {summary['ratio']['max']:.3f})"
+    )
+    return summary
+
+
+def summarize(rounds: list[dict], gateway_args: str, code: str) -> dict:
+    """A run's summary over its rounds (also rebuilt from recorded rounds by --resummarize)."""
     ratios = [r["ratio"] for r in rounds]
-    summary = {
-        "gateway_args": args.gateway_args,
-        "gateway_code": args.code or git_revision(),
+    over = lambda arm, key: spread([r[arm][key] for r in rounds])  # noqa: E731
+    return {
+        "gateway_args": gateway_args,
+        "gateway_code": code,
         "ratio": spread(ratios),
-        "direct_tokens_per_s": spread([r["direct"]["tokens_per_s"] for r in rounds]),
-        "gateway_tokens_per_s": spread([r["gateway"]["tokens_per_s"] for r in rounds]),
-        "direct_mean_running": spread([r["direct"]["vllm_mean_running"] for r in rounds]),
-        "gateway_mean_running": spread([r["gateway"]["vllm_mean_running"] for r in rounds]),
+        "direct_tokens_per_s": over("direct", "tokens_per_s"),
+        "gateway_tokens_per_s": over("gateway", "tokens_per_s"),
+        "direct_mean_running": over("direct", "vllm_mean_running"),
+        "gateway_mean_running": over("gateway", "vllm_mean_running"),
+        "gateway_mean_limit": over("gateway", "gateway_mean_limit"),
         "light_share_direct": spread([share(r["direct"]) for r in rounds]),
         "light_share_gateway": spread([share(r["gateway"]) for r in rounds]),
         "ttft_s": {
@@ -259,10 +270,6 @@ def run(args) -> dict:
         "met": statistics.fmean(ratios) >= TARGET,
         "rounds": rounds,
     }
-    print(
-        f"ratio {summary['ratio']['mean']:.3f} (min {summary['ratio']['min']:.3f}, max {summary['ratio']['max']:.3f})"
-    )
-    return summary
 
 
 def share(round_: dict) -> float:
@@ -272,7 +279,7 @@ def share(round_: dict) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm", required=True, help="a running vLLM's root URL (started with --max-num-seqs 4)")
+    parser.add_argument("--vllm", help="a running vLLM's root URL (started with --max-num-seqs 4)")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--gateway-args", default="--scheduler vtc")
     parser.add_argument("--label", default="vtc", help="the section of the result file")
@@ -284,7 +291,16 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--code", help="which gateway code ran (default: this checkout's git revision)")
     parser.add_argument("--dry", action="store_true", help="print, record nothing")
+    parser.add_argument("--resummarize", action="store_true", help="rebuild each recorded run's summary, run nothing")
     args = parser.parse_args(argv)
+    if args.resummarize:
+        out = json.loads(args.out.read_text())
+        for label, run_ in out["runs"].items():
+            out["runs"][label] = summarize(run_["rounds"], run_["gateway_args"], run_["gateway_code"])
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return
+    if args.vllm is None:
+        parser.error("--vllm URL is required")
     if args.rounds < 1 or args.window <= 0:
         parser.error("--rounds and --window must be positive")
     summary = run(args)
