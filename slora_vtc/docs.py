@@ -31,6 +31,7 @@ SOURCES = {
     "cluster": "benchmarks/results/cluster_scale.json",  # benchmarks/cluster_scale.py
     "http": "benchmarks/results/http_load.json",  # benchmarks/http_load.py
     "gateway": "benchmarks/results/gateway_overhead.json",  # benchmarks/gateway_overhead.py
+    "gateway_vllm": "benchmarks/results/gateway_vllm.json",  # benchmarks/gateway_vllm.py
     "metrics": "benchmarks/results/metrics_scrape.json",  # benchmarks/metrics_scrape.py
     "refsim": "benchmarks/results/refsim_ratio.json",  # benchmarks/refsim_ratio.py
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py

@@ -82,6 +82,30 @@ def _message_tokens(messages) -> int:
     return max(1, total)
 
 
+# -- the tenant, for the upstream -------------------------------------------------------------
+XARGS = "vllm_xargs"  # vLLM's extra sampling arguments: they reach its engine, and our plugin reads the tenant there
+TENANT_KEY = "tenant"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str  # the client the gateway identified
+    authenticated: bool  # by its API key: it replaces a tenant the body names
+
+
+def with_tenant(body: dict, tenant: Tenant) -> dict:
+    """The body with `vllm_xargs.tenant` naming the client, so that vLLM running our plugin charges
+    the same tenant the gateway does (vLLM drops headers and `user` before its engine). A tenant the
+    body names already is kept, unless the gateway authenticated the client by its key; a
+    `vllm_xargs` that is not an object is left as it is (the upstream refuses it)."""
+    xargs = body.get(XARGS)
+    if xargs is None:
+        xargs = {}
+    if not isinstance(xargs, dict) or (TENANT_KEY in xargs and not tenant.authenticated):
+        return body
+    return {**body, XARGS: {**xargs, TENANT_KEY: tenant.name}}
+
+
 # -- the kinds ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ApiKind:
@@ -99,9 +123,14 @@ class ApiKind:
         False
     )  # a request that does not stream may be sent as a stream (assemble.py)
 
-    def upstream_body(self, body: dict, routing: Routing, as_stream: bool = False) -> bytes:
+    def upstream_body(
+        self, body: dict, routing: Routing, as_stream: bool = False, tenant: Tenant | None = None
+    ) -> bytes:
         """The body to send: the client's, with usage asked for when it streams (to reconcile);
-        `as_stream`: a request that does not stream, sent as a stream with usage."""
+        `as_stream`: a request that does not stream, sent as a stream with usage; `tenant`: who it
+        is from, for a fair scheduler inside the upstream (OpenAI's kinds: `with_tenant`)."""
+        if tenant is not None and self.openai:
+            body = with_tenant(body, tenant)
         if as_stream:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         elif self.openai and routing.stream and not routing.client_wants_usage:

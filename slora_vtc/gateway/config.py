@@ -7,6 +7,8 @@ import httpx2
 from slora_vtc.errors import UserError
 
 DEFAULT_MAX_INFLIGHT = 64  # per upstream, when it does not expose vLLM's queue metrics and no --max-inflight is given
+# per upstream under a scheduler that defers to the upstream's (passthrough): only a bound against a runaway client
+DEFERRED_MAX_INFLIGHT = 4096
 
 
 def upstream_base(url: str) -> str:

@@ -30,7 +30,7 @@ async def probe(ctx: GatewayContext, upstream: Upstream, aimd: Aimd) -> None:
             reply = await ctx.http.get(f"{upstream.url}/metrics", timeout=ctx.config.connect_timeout_s)
             queue = queue_metrics(reply.text) if reply.status_code == 200 else None
             if queue is not None:
-                upstream.queued_upstream = queue[0]
-                upstream.limit = aimd.next_limit(upstream.limit, queue[0], upstream.inflight)
+                upstream.queued_upstream, upstream.batch = queue[0], max(upstream.batch, queue[1])
+                upstream.limit = aimd.next_limit(upstream.limit, queue[0], upstream.inflight, upstream.batch)
     except httpx2.HTTPError:
         return  # still down (or its metrics did not answer this time): try again at the next probe

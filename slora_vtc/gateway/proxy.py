@@ -23,7 +23,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from slora_vtc.gateway.api import ApiKind, Routing
+from slora_vtc.gateway.api import ApiKind, Routing, Tenant
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Ticket
 from slora_vtc.gateway.relay import answer_whole, failed, relay
@@ -38,7 +38,7 @@ async def forward(
     ctx: GatewayContext, kind: ApiKind, body: dict, routing: Routing, client: str, http: HttpRequest
 ) -> Response:
     as_stream = not routing.stream and kind.streams_whole(body)
-    data = kind.upstream_body(body, routing, as_stream)
+    data = kind.upstream_body(body, routing, as_stream, Tenant(client, ctx.clients.keys_required))
     predicts = kind.openai and not routing.stream and not as_stream
     ticket = ctx.dispatcher.submit(client, routing.prompt_tokens, routing.max_tokens, predicts)
     if await _slot(ctx, ticket, http) is None:

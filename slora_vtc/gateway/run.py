@@ -8,7 +8,7 @@ import uvicorn
 from slora_vtc.errors import UserError
 from slora_vtc.gateway.adapt import Aimd, queue_metrics
 from slora_vtc.gateway.app import create_app
-from slora_vtc.gateway.config import DEFAULT_MAX_INFLIGHT, GatewayConfig, upstream_base
+from slora_vtc.gateway.config import DEFAULT_MAX_INFLIGHT, DEFERRED_MAX_INFLIGHT, GatewayConfig, upstream_base
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
@@ -26,21 +26,23 @@ def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:
             f"scheduler '{config.scheduler}' needs prompt token ids and a prefix cache, which a gateway does not see: "
             "use one that needs only token counts (fcfs, rpm, vtc, lcf, wvtc, vtc-...)"
         )
+    defers = scheduler.traits.defers  # the upstream schedules: no budget to adapt, every request goes on at once
     upstreams, models = [], []
     for url in config.upstreams:
         base = upstream_base(url)
-        found, adaptive = _check_upstream(base, config) if probe else ([], False)
+        found, adaptive = _check_upstream(base, config, adapts=not defers) if probe else ([], False)
         models += [m for m in found if m not in models]
-        limit = config.max_inflight or (Aimd().start if adaptive else DEFAULT_MAX_INFLIGHT)
+        default = DEFERRED_MAX_INFLIGHT if defers else DEFAULT_MAX_INFLIGHT
+        limit = config.max_inflight or (Aimd().start if adaptive else default)
         upstreams.append(Upstream(base, limit, adaptive=adaptive))
     pool = UpstreamPool(upstreams)
     dispatcher = Dispatcher(scheduler, pool, SchedulerOptions().cost, config.max_waiting)
     return GatewayContext(config, clients, pool, dispatcher, models)
 
 
-def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
-    """The models it serves, and whether its budget can be adapted (it exposes vLLM's queue
-    metrics and no --max-inflight fixes it)."""
+def _check_upstream(base: str, config: GatewayConfig, adapts: bool = True) -> tuple[list[str], bool]:
+    """The models it serves, and whether its budget can be adapted (`adapts`, it exposes vLLM's
+    queue metrics and no --max-inflight fixes it)."""
     headers = {"authorization": f"Bearer {config.upstream_api_key}"} if config.upstream_api_key else {}
     try:
         with httpx2.Client(timeout=config.connect_timeout_s, headers=headers) as http:
@@ -54,7 +56,7 @@ def _check_upstream(base: str, config: GatewayConfig) -> tuple[list[str], bool]:
             except (ValueError, KeyError, TypeError):
                 raise UserError(f"--upstream {base}: /v1/models did not answer an OpenAI model list") from None
             adaptive = False
-            if config.max_inflight is None:
+            if adapts and config.max_inflight is None:
                 page = http.get(f"{base}/metrics")
                 adaptive = page.status_code == 200 and queue_metrics(page.text) is not None
     except httpx2.HTTPError as e:

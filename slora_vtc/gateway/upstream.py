@@ -17,6 +17,7 @@ class Upstream:
     errors: int = 0  # failed connections, broken streams, 5xx answers
     timeouts: int = 0
     queued_upstream: float = 0.0  # vllm:num_requests_waiting at the last probe (adaptive only)
+    batch: float = 0.0  # the most requests it was seen running (vllm:num_requests_running; adaptive only)
 
     @property
     def free(self) -> int:

@@ -32,6 +32,7 @@ class Traits:
     preemption: bool = False  # takes preempted requests back (on_preempt) and picks victims that make sense
     shareable: bool = False  # least counter first: several router instances can share and sync its counters
     lookahead: bool = False  # tells macro-steps what its next decode steps charge and select tries (LookAhead)
+    defers: bool = False  # leaves the order to a scheduler downstream: a driver before one sends requests at once
 
 
 class Scheduler(ABC):

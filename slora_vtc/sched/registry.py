@@ -10,6 +10,7 @@ from slora_vtc.sched.dlpm import DLPM
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.limits import RPM
 from slora_vtc.sched.lpm import LPM
+from slora_vtc.sched.passthrough import Passthrough
 from slora_vtc.sched.vtc import VTC, Lift
 from slora_vtc.sched.vtc_predict import (
     LengthPredictor,
@@ -104,6 +105,9 @@ def _ratio(spec: str, text: str) -> float:
 
 SCHEDULERS: dict[str, Entry] = {
     "fcfs": Entry(lambda a, c, o: FCFS(), "first come, first served"),
+    "passthrough": Entry(
+        lambda a, c, o: Passthrough(), "FCFS that leaves the order downstream (the gateway before vLLM's plugin)"
+    ),
     "rpm": Entry(
         lambda a, c, o: RPM(_positive_int(f"rpm:{a}", a)),
         "FCFS + reject above LIMIT requests/minute per client",

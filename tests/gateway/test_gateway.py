@@ -189,9 +189,10 @@ def test_a_stream_is_charged_while_it_runs_and_bodies_pass_through_untouched():
         assert m['slora_gateway_client_counter{client="long"}'] == 7 + 2 * 19  # reconciled with usage: 7 prompt tokens
         assert m['slora_gateway_client_service{client="long"}'] == 7 + 2 * 20
         sent = fake.bodies[-1]
-        assert sent == {**body, "stream_options": {"include_usage": True}}  # the rest untouched
+        # the rest untouched; the tenant added where vLLM's engine (and our plugin in it) reads it
+        assert sent == {**body, "stream_options": {"include_usage": True}, "vllm_xargs": {"tenant": "long"}}
         httpx2.post(f"{g.url}/v1/completions", json={**body, "stream": False})
-        assert fake.bodies[-1] == {**body, "stream": False}
+        assert fake.bodies[-1] == {**body, "stream": False, "vllm_xargs": {"tenant": "anonymous"}}
 
 
 def test_the_budget_adapts_to_an_upstream_that_exposes_vllm_s_queue_and_is_fixed_otherwise():
@@ -236,6 +237,7 @@ def test_clients_file_keys_weights_and_rate_limits(tmp_path):
             **body,
             "stream": True,
             "stream_options": {"include_usage": True},
+            "vllm_xargs": {"tenant": "alice"},  # the key's client, not the header's
         }  # sent as a stream
         assert (
             "authorization" not in fake.headers[-1] and fake.headers[-1]["x-client-id"] == "alice"

@@ -20,7 +20,17 @@ from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
 from slora_vtc.serving.clients import ClientConfig, Clients, scheduler_for
 
-TOKEN_COUNT_SCHEDULERS = ["fcfs", "rpm:100", "vtc", "lcf", "wvtc:1,2", "vtc-oracle", "vtc-pred:0.5", "vtc-avg"]
+TOKEN_COUNT_SCHEDULERS = [
+    "fcfs",
+    "passthrough",
+    "rpm:100",
+    "vtc",
+    "lcf",
+    "wvtc:1,2",
+    "vtc-oracle",
+    "vtc-pred:0.5",
+    "vtc-avg",
+]
 
 
 def dispatcher(spec: str = "vtc", limits=(1,), max_waiting: int = 100) -> Dispatcher:
@@ -344,3 +354,22 @@ def test_gateway_labels_are_sticky_every_series_only_grows_and_all_sum_to_the_to
         assert [sum(s[family].values()) for s in scrapes] == totals  # every series together: the total
         for before, after in zip(scrapes, scrapes[1:]):  # a series that stays never goes down
             assert all(after[family][c] >= v for c, v in before[family].items() if c in after[family])
+
+
+def test_the_budget_keeps_a_margin_queued_upstream_and_never_cuts_below_the_batch_plus_it():
+    aimd = Aimd(floor=1, ceiling=100, margin=1.0)  # a margin of one queued request per request of the batch
+    # vLLM runs a full batch of 4: the budget aims at 4 running + 4 queued
+    assert aimd.next_limit(12, upstream_waiting=8, inflight=12, batch=4) == 9  # floor(12 * 0.75)
+    assert aimd.next_limit(9, upstream_waiting=5, inflight=9, batch=4) == 8  # not below 4 + 4
+    assert aimd.next_limit(8, upstream_waiting=5, inflight=8, batch=4) == 8
+    assert aimd.next_limit(8, upstream_waiting=4, inflight=8, batch=4) == 8  # at the margin: kept
+    assert aimd.next_limit(8, upstream_waiting=3, inflight=8, batch=4) == 9  # below it, all used: grow
+    # a queue above the margin never raises the budget
+    assert aimd.next_limit(3, upstream_waiting=9, inflight=3, batch=4) == 3
+    # the default: a quarter of the batch, at least one request
+    default = Aimd()
+    assert [default.margin_for(b) for b in (0, 1, 4, 5, 256)] == [1, 1, 1, 2, 64]
+    # the old rule cut 5 to 3 on a momentary queue of one behind a batch of 4, below the batch
+    assert default.next_limit(5, upstream_waiting=1, inflight=5, batch=4) == 5
+    assert default.next_limit(5, upstream_waiting=3, inflight=5, batch=4) == 5  # 4 + 1 at least
+    assert default.next_limit(5, upstream_waiting=0, inflight=5, batch=4) == 6

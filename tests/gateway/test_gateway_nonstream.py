@@ -175,7 +175,7 @@ def test_a_whole_answer_is_charged_while_it_is_produced():
             running['slora_gateway_client_inflight{client="long"}'] == 1 and not answer
         )  # still in flight, not answered
         assert running['slora_gateway_client_service{client="long"}'] == 3 + 2 * 5
-        assert fake.bodies[-1] == {**body, **STREAMED}
+        assert fake.bodies[-1] == {**body, **STREAMED, "vllm_xargs": {"tenant": "long"}}
         fake.release.set()
         asker.join(timeout=30)
         m = g.wait_idle()
@@ -268,7 +268,10 @@ def test_a_request_that_cannot_be_re_assembled_is_passed_through_and_charged_its
         )
         asker.start()
         wait_for(lambda: fake.bodies, what="the request to reach the upstream")
-        assert fake.bodies[-1] == body  # as it was: not a stream
+        assert fake.bodies[-1] == {
+            **body,
+            "vllm_xargs": {"tenant": "opaque"},
+        }  # as it was (the tenant added): not a stream
         assert g.per("client_counter")["opaque"] == predicted
         fake.release.set()
         asker.join(timeout=30)

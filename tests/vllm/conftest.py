@@ -5,8 +5,8 @@ several minutes to start on a small CPU machine, so each server is started when 
 for it and shared by the tests after it: `stock_vllm` (vLLM as shipped), `fair_vllm` (our plugin
 with `vtc` and a clients file giving tenant "w2" weight 2 and tenant "limited" 2 requests a minute)
 and `small_kv_vllm` (the plugin with a KV cache so small that vLLM preempts). One runs at a time:
-asking for another stops it (and asking for it again restarts it), so tests using one server are
-kept together.
+asking for another stops it (and asking for it again restarts it), so the tests are run grouped by
+the server they use (`pytest_collection_modifyitems`): none, stock, fair, small KV; three starts.
 Every server serves the same tiny random Llama (`tiny_model`, built offline) as "tiny", with
 `--max-num-seqs 4`; `server.url` is its base URL and `server.stats()` the plugin's stats file.
 """
@@ -25,6 +25,19 @@ else:
     from tests.vllm.server import VllmServer, plugin_args
 
 REPO = Path(__file__).resolve().parents[2]
+SERVER_ORDER = ("stock_vllm", "fair_vllm", "small_kv_vllm")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests grouped by the server they use (those using none first), each group in collection order."""
+
+    def group(item) -> int:
+        used = [k for k, name in enumerate(SERVER_ORDER) if name in getattr(item, "fixturenames", ())]
+        return used[0] + 1 if used else 0
+
+    items.sort(key=group)
+
+
 MAX_NUM_SEQS = "4"
 CLIENTS_TOML = """
 [clients.w2]

@@ -1,0 +1,330 @@
+"""Throughput through the gateway against vLLM's own, on the same load (issue 19, item 4).
+
+The load is the issue's: two tenants, one keeping 12 requests in flight and one 4, for a fixed
+window, against a vLLM started with `--max-num-seqs 4`; every request streams 128 output tokens
+(`ignore_eos`) after a prompt of 128 random token ids. The client is the official `openai` package,
+one `X-Client-Id` per tenant. Rounds alternate: vLLM directly, then the same vLLM through
+`slora-vtc gateway` (its own process), and again, so that drift on a shared machine falls on both
+arms alike; each gateway round is divided by the direct round just before it.
+
+Throughput is the output tokens that reached the client inside the window (streamed chunks,
+corrected by `usage` for requests that ended), per second. Beside it, each round records what
+explains a gap: vLLM's own batch (`vllm:num_requests_running` and `_waiting`, sampled every 0.1 s),
+the gateway's budget (`slora_gateway_upstream_limit`) and the CPU seconds of the gateway process.
+
+    # a vLLM on PORT (see docs/gateway.md), then, in our venv:
+    python benchmarks/gateway_vllm.py --vllm http://127.0.0.1:PORT [--rounds 4] [--window 20]
+        [--gateway-args '--scheduler vtc']
+
+Target (issue 19): the gateway's throughput at least 0.97x vLLM's. Writes
+benchmarks/results/gateway_vllm.json (a section per --label).
+"""
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx2
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import git_revision, machine_info  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gateway_vllm.json"
+REPO = Path(__file__).resolve().parent.parent
+TARGET = 0.97
+TENANTS = {"heavy": 12, "light": 4}  # requests each keeps in flight
+START_TIMEOUT_S = 60
+DRAIN_TIMEOUT_S = 60
+GENERATED = "vllm:generation_tokens_total"
+
+
+@dataclass
+class Tally:
+    tokens: int = 0  # output tokens received inside the window
+    finished: int = 0
+    errors: int = 0
+    ttfts: list[float] = field(default_factory=list)
+
+
+async def one_request(client: openai.AsyncOpenAI, tenant: str, args, tally: Tally, rng: random.Random) -> None:
+    """One streamed request through the official client, its events read as raw lines: parsing
+    each chunk into the client's models costs more CPU than the tiny model's step on this machine,
+    and would measure the client."""
+    prompt = [rng.randrange(10, args.vocab) for _ in range(args.input_len)]
+    start, seen, usage = time.perf_counter(), 0, None
+    async with client.completions.with_streaming_response.create(
+        model=args.model,
+        prompt=prompt,
+        max_tokens=args.output_len,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        extra_headers={"X-Client-Id": tenant},
+    ) as response:
+        async for line in response.iter_lines():
+            if '"usage":{' in line.replace(" ", "") and '"completion_tokens"' in line:
+                usage = json.loads(line[5:])["usage"]["completion_tokens"]
+            elif line.startswith("data:") and '"text"' in line:
+                if seen == 0:
+                    tally.ttfts.append(time.perf_counter() - start)
+                seen += 1
+                tally.tokens += 1
+    if usage is not None and usage > seen:
+        tally.tokens += usage - seen  # tokens that sent no chunk of their own (or several in one)
+    tally.finished += 1
+
+
+async def tenant_loop(client, tenant, inflight, args, tally, rng) -> None:
+    async def worker():
+        while True:
+            try:
+                await one_request(client, tenant, args, tally, rng)
+            except openai.APIError as e:
+                tally.errors += 1
+                print(f"  {tenant} at {client.base_url}: {type(e).__name__}: {e} ({e.__cause__!r})", file=sys.stderr)
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+
+
+def gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    out = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in out:
+                out[sample.name] += sample.value
+    return out
+
+
+async def sample_metrics(http: httpx2.AsyncClient, vllm: str, gateway: str | None, samples: list) -> None:
+    """vLLM's batch every 0.25 s, the gateway's budget every second (each page costs its server CPU)."""
+    limit = {}
+    for tick in itertools.count():
+        await asyncio.sleep(0.25)
+        try:
+            page = (await http.get(f"{vllm}/metrics")).text
+            row = gauges(page, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+            if gateway is not None and tick % 4 == 0:
+                limit = gauges((await http.get(f"{gateway}/metrics")).text, ("slora_gateway_upstream_limit",))
+            samples.append(row | limit)
+        except httpx2.HTTPError:
+            pass
+
+
+async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -> dict:
+    tallies = {t: Tally() for t in TENANTS}
+    rng = random.Random(seed)
+    samples: list[dict] = []
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    async with httpx2.AsyncClient(timeout=5) as http:
+        generated = await generation_tokens(http, vllm)
+        tasks = [
+            asyncio.ensure_future(tenant_loop(client, t, n, args, tallies[t], rng)) for t, n in TENANTS.items()
+        ] + [asyncio.ensure_future(sample_metrics(http, vllm, gateway, samples))]
+        await asyncio.sleep(args.window)
+        counted = {t: (tallies[t].tokens, tallies[t].finished) for t in TENANTS}
+        generated = await generation_tokens(http, vllm) - generated
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        await drained(http, vllm)
+    mean = lambda key: statistics.fmean(s[key] for s in samples if key in s) if samples else None  # noqa: E731
+    return {
+        "tokens_per_s": sum(c[0] for c in counted.values()) / args.window,
+        "vllm_tokens_per_s": generated / args.window,
+        "finished": {t: c[1] for t, c in counted.items()},
+        "errors": sum(t.errors for t in tallies.values()),
+        "tokens": {t: c[0] for t, c in counted.items()},
+        "mean_ttft_s": {t: statistics.fmean(tallies[t].ttfts) if tallies[t].ttfts else None for t in TENANTS},
+        "vllm_mean_running": mean("vllm:num_requests_running"),
+        "vllm_mean_waiting": mean("vllm:num_requests_waiting"),
+        "gateway_mean_limit": mean("slora_gateway_upstream_limit") if gateway else None,
+    }
+
+
+async def generation_tokens(http: httpx2.AsyncClient, vllm: str) -> float:
+    """vLLM's own count of the tokens it generated so far."""
+    return gauges((await http.get(f"{vllm}/metrics")).text, (GENERATED,))[GENERATED]
+
+
+async def drained(http: httpx2.AsyncClient, vllm: str) -> None:
+    """Wait until vLLM has nothing running or waiting (the cancelled streams are aborted there)."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        row = gauges(
+            (await http.get(f"{vllm}/metrics")).text, ("vllm:num_requests_running", "vllm:num_requests_waiting")
+        )
+        if not any(row.values()):
+            return
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"vLLM at {vllm} did not drain within {DRAIN_TIMEOUT_S} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gateway(vllm: str, gateway_args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "slora_vtc", "gateway", "--upstream", vllm, "--port", str(port)]
+    cmd += ["--log-level", "warning", *shlex.split(gateway_args)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the gateway exited: {proc.stdout.read()}")
+        try:
+            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the gateway did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spread(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def run(args) -> dict:
+    proc, gateway = start_gateway(args.vllm, args.gateway_args)
+    rounds = []
+    try:
+        print("warm-up (one round each, not counted)", flush=True)
+        asyncio.run(one_round(args.vllm, args, args.vllm, None, seed=0))
+        asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=0))
+        for i in range(args.rounds):
+            direct = asyncio.run(one_round(args.vllm, args, args.vllm, None, seed=i + 1))
+            cpu = cpu_seconds(proc.pid)
+            through = asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=i + 1))
+            through["gateway_cpu_s"] = cpu_seconds(proc.pid) - cpu
+            ratio = through["tokens_per_s"] / direct["tokens_per_s"]
+            rounds.append({"direct": direct, "gateway": through, "ratio": ratio})
+            print(
+                f"round {i + 1}: direct {direct['tokens_per_s']:.0f} tok/s "
+                f"(running {direct['vllm_mean_running']:.2f}, vllm {direct['vllm_tokens_per_s']:.0f}), "
+                f"gateway {through['tokens_per_s']:.0f} tok/s (running {through['vllm_mean_running']:.2f}, "
+                f"vllm {through['vllm_tokens_per_s']:.0f}, errors {through['errors']}, "
+                f"limit {through['gateway_mean_limit']:.2f}, cpu {through['gateway_cpu_s']:.1f} s): ratio {ratio:.3f}",
+                flush=True,
+            )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    summary = summarize(rounds, args.gateway_args, args.code or git_revision())
+    print(
+        f"ratio {summary['ratio']['mean']:.3f} (min {summary['ratio']['min']:.3f}, max {summary['ratio']['max']:.3f})"
+    )
+    return summary
+
+
+def summarize(rounds: list[dict], gateway_args: str, code: str) -> dict:
+    """A run's summary over its rounds (also rebuilt from recorded rounds by --resummarize)."""
+    ratios = [r["ratio"] for r in rounds]
+    over = lambda arm, key: spread([r[arm][key] for r in rounds])  # noqa: E731
+    return {
+        "gateway_args": gateway_args,
+        "gateway_code": code,
+        "ratio": spread(ratios),
+        "direct_tokens_per_s": over("direct", "tokens_per_s"),
+        "gateway_tokens_per_s": over("gateway", "tokens_per_s"),
+        "direct_mean_running": over("direct", "vllm_mean_running"),
+        "gateway_mean_running": over("gateway", "vllm_mean_running"),
+        "gateway_mean_limit": over("gateway", "gateway_mean_limit"),
+        "light_share_direct": spread([share(r["direct"]) for r in rounds]),
+        "light_share_gateway": spread([share(r["gateway"]) for r in rounds]),
+        "ttft_s": {
+            arm: {t: spread([r[arm]["mean_ttft_s"][t] for r in rounds]) for t in TENANTS}
+            for arm in ("direct", "gateway")
+        },
+        "target": TARGET,
+        "met": statistics.fmean(ratios) >= TARGET,
+        "rounds": rounds,
+    }
+
+
+def share(round_: dict) -> float:
+    """The light tenant's tokens over the heavy tenant's (1.0 is an even split)."""
+    return round_["tokens"]["light"] / max(1, round_["tokens"]["heavy"])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm", help="a running vLLM's root URL (started with --max-num-seqs 4)")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--gateway-args", default="--scheduler vtc")
+    parser.add_argument("--label", default="vtc", help="the section of the result file")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=299, help="prompt token ids are drawn below this")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--code", help="which gateway code ran (default: this checkout's git revision)")
+    parser.add_argument("--dry", action="store_true", help="print, record nothing")
+    parser.add_argument("--resummarize", action="store_true", help="rebuild each recorded run's summary, run nothing")
+    args = parser.parse_args(argv)
+    if args.resummarize:
+        out = json.loads(args.out.read_text())
+        for label, run_ in out["runs"].items():
+            out["runs"][label] = summarize(run_["rounds"], run_["gateway_args"], run_["gateway_code"])
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return
+    if args.vllm is None:
+        parser.error("--vllm URL is required")
+    if args.rounds < 1 or args.window <= 0:
+        parser.error("--rounds and --window must be positive")
+    summary = run(args)
+    if args.dry:
+        return
+    out = json.loads(args.out.read_text()) if args.out.exists() else {}
+    out["machine"] = machine_info(vllm=vllm_version(args.vllm))
+    out["load"] = {
+        "tenants_inflight": TENANTS,
+        "window_s": args.window,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "client": f"openai {openai.__version__}",
+    }
+    out.setdefault("runs", {})[args.label] = summary
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def vllm_version(url: str) -> str:
+    try:
+        return httpx2.get(f"{url}/version", timeout=5).json().get("version", "unknown")
+    except (httpx2.HTTPError, ValueError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
