@@ -87,6 +87,26 @@ async def batch(url: str, requests: list[tuple[str, int, int]], seed: int = 0) -
     return served
 
 
+def run(coroutine):
+    """Run a coroutine to its end on a loop of its own (the tests are not async)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
+
+
+def service_ratio(url: str, in_flight: dict[str, int], seconds: float, window: tuple[float, float], prompt_len: int,
+                  max_tokens: tuple[int, int]) -> tuple[float, dict[str, Served]]:  # fmt: skip
+    """`closed_loop`, then the first tenant's tokens over the second's within `window` (seconds after
+    about the load's start, when every tenant is backlogged); with what each tenant received."""
+    served = run(closed_loop(url, in_flight, seconds, prompt_len, max_tokens))
+    t0 = min(min(s.token_times) for s in served.values() if s.token_times) - 1.0  # about the load's start
+    first, second = (served[t].tokens_between(t0 + window[0], t0 + window[1]) for t in in_flight)
+    assert second > 100, f"too little service measured: {first} and {second} tokens"
+    return first / second, served
+
+
 def wait_until(predicate, timeout_s: float = 30.0, every_s: float = 0.5):
     """Poll `predicate` until it returns something true (returned) or the time is up (AssertionError)."""
     deadline = time.monotonic() + timeout_s

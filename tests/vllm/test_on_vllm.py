@@ -17,7 +17,8 @@ import random
 import httpx
 import pytest
 
-from tests.vllm.load import Served, batch, client, closed_loop, complete, prompt, wait_until
+from tests.vllm import load
+from tests.vllm.load import Served, batch, client, complete, prompt, run, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +31,7 @@ def charged(usages: list[tuple[int, int]]) -> float:
 
 
 def service_ratio(url: str, in_flight: dict[str, int]) -> float:
-    served = run(closed_loop(url, in_flight, RUN_S, PROMPT, OUTPUT))
-    t0 = min(min(s.token_times) for s in served.values() if s.token_times) - 1.0  # about the load's start
-    first, second = (served[t].tokens_between(t0 + WINDOW[0], t0 + WINDOW[1]) for t in in_flight)
-    assert second > 100, f"too little service measured: {first} and {second} tokens"
-    return first / second
-
-
-def run(coroutine):
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        loop.close()
+    return load.service_ratio(url, in_flight, RUN_S, WINDOW, PROMPT, OUTPUT)[0]
 
 
 def settled(server, tenants):
