@@ -48,6 +48,7 @@ from slora_vtc.results import read_results  # noqa: E402
 from slora_vtc.suites import get_suite  # noqa: E402
 from slora_vtc.traces import write_trace  # noqa: E402
 from slora_vtc.workload import RequestSpec  # noqa: E402
+from tests.vllm.server import CPU_ENV, plugin_args  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 OUT_DIR = RESULTS / "vllm_setups"
@@ -63,19 +64,8 @@ LABELS = {
 }
 SERVED_NAME = "tiny"
 START_TIMEOUT_S = 900.0  # vLLM: ~100 s on a quiet 2-core machine, several minutes on a busy one
-VLLM_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-PLUGIN_ARGS = [
-    "--scheduler-cls", "slora_vtc.vllm.FairScheduler",
-    "--middleware", "slora_vtc.vllm.TenantMiddleware",
-    "--additional-config", json.dumps({"slora_vtc": {"scheduler": "vtc"}}),
-]  # fmt: skip
+VLLM_ENV = CPU_ENV  # what vLLM needs on a small CPU machine (tests/vllm/server.py)
+PLUGIN_ARGS = plugin_args({"scheduler": "vtc"})  # issue 19's command line (tests/vllm/server.py)
 WARMUP = [RequestSpec(f"warmup{i % 2}", 64, 16, 0.1 * i) for i in range(8)]
 
 
