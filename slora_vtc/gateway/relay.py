@@ -118,6 +118,8 @@ async def relay(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx
         async for line, event in _charged(ctx, kind, ticket, reply, progress):
             if event == DONE:
                 yield "data: [DONE]\n\n"
+            elif event is None:  # not JSON: half an event from an upstream that died mid-line; never relayed
+                continue
             elif not (drop_usage and isinstance(event, dict) and is_usage_only(event)):
                 yield f"{line}\n\n"
         settled = True

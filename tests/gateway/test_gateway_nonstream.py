@@ -192,7 +192,7 @@ def test_a_whole_answer_is_charged_while_it_is_produced():
     assert m['slora_gateway_requests_total{client="long",outcome="finished"}'] == 1
 
 
-@pytest.mark.parametrize("breaks", ["event", "cut", "end"])
+@pytest.mark.parametrize("breaks", ["event", "cut", "half", "end"])
 def test_an_answer_broken_mid_way_is_a_502_and_refunded(breaks):
     fake = FakeUpstream(break_after=4, breaks=breaks)
     with fake_upstream(fake) as url, gateway(url, scheduler="vtc", max_inflight=1) as g:
@@ -394,3 +394,21 @@ def test_openai_s_chat_chunks_make_its_whole_answer_and_a_tool_call_is_refused()
 def test_older_vllm_s_error_event_is_an_error():
     assert COMPLETIONS.is_error({"object": "error", "message": "boom", "type": "BadRequestError", "code": 400})
     assert not COMPLETIONS.is_error(_chunk([]))
+
+
+@pytest.mark.parametrize("breaks", ["cut", "half"])
+def test_a_stream_broken_mid_event_relays_only_whole_events_then_an_error(breaks):
+    """Found against real vLLM killed mid-run: half a data line went on to the client as an event."""
+    fake = FakeUpstream(break_after=4, breaks=breaks)
+    with fake_upstream(fake) as url, gateway(url, scheduler="vtc", max_inflight=1) as g:
+        with httpx2.stream(
+            "POST",
+            f"{g.url}/v1/completions",
+            json={"prompt": "abcd", "max_tokens": 10, "stream": True},
+            headers={"X-Client-Id": "broken"},
+        ) as reply:
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        g.wait_idle()
+    parsed = [json.loads(e) for e in events if e != "[DONE]"]  # every event relayed is whole JSON
+    assert [p["choices"][0]["text"] for p in parsed[:-1]] == ["x"] * 4
+    assert parsed[-1]["error"]["code"] == "upstream_error"

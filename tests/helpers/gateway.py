@@ -92,8 +92,8 @@ class FakeUpstream:
     the headers) it gets, streams one chunk per token (max_tokens of them, "x" each, or `output_tokens`),
     holds its streams after `hold_after` chunks (and its whole answers) until `release` is set, and
     with `hang` never answers at all. `break_after` chunks, a stream ends with `breaks`: "event" (an
-    error event, then [DONE], as vLLM and `serve` send), "cut" (the connection drops) or "end"
-    (it ends without [DONE])."""
+    error event, then [DONE], as vLLM and `serve` send), "cut" (the connection drops), "half" (half an
+    event's line, then the end) or "end" (it ends without [DONE])."""
 
     def __init__(
         self,
@@ -172,6 +172,9 @@ class FakeUpstream:
                     if i == self.break_after:
                         if self.breaks == "cut":
                             raise ConnectionResetError("the fake upstream cuts the stream")
+                        if self.breaks == "half":  # dies in the middle of an event: half a data line
+                            yield 'data: {"id": "cmpl-fake", "choices": [{"index": 0, "text": "'
+                            return
                         if self.breaks == "event":
                             error = {"message": "the fake upstream broke", "type": "server_error"}
                             yield f"data: {json.dumps({'error': error})}\n\n"
