@@ -92,6 +92,15 @@ class TrackedQueue(RequestQueue):
         for request in requests:
             self.remove_request(request)
 
+    def _back(self, request) -> Tracked:
+        """A request vLLM puts back at the head (preempted, or skipped this step): a member again,
+        with the tokens it has so far, no longer being admitted."""
+        tracked = self.requests.get(request.request_id)
+        tracked.mirror.generated = request.num_output_tokens
+        tracked.admitting = False
+        self.members.add(tracked)
+        return tracked
+
     def _mine(self, request) -> Tracked | None:
         tracked = self.requests.get(request.request_id)
         return tracked if tracked is not None and tracked in self.members else None
@@ -129,11 +138,7 @@ class FairQueue(TrackedQueue):
         return tracked.vreq
 
     def prepend_request(self, request) -> None:
-        tracked = self.requests.get(request.request_id)
-        tracked.mirror.generated = request.num_output_tokens
-        tracked.admitting = False
-        self.peek_pop.prepend_request(tracked.mirror)
-        self.members.add(tracked)
+        self.peek_pop.prepend_request(self._back(request).mirror)
 
     def remove_request(self, request) -> None:
         tracked = self._mine(request)
@@ -173,10 +178,7 @@ class HoldingQueue(TrackedQueue):
         return tracked.vreq
 
     def prepend_request(self, request) -> None:
-        tracked = self.requests.get(request.request_id)
-        tracked.mirror.generated = request.num_output_tokens
-        tracked.admitting = False
-        self.members.add(tracked)
+        self._back(request)
 
     def remove_request(self, request) -> None:
         tracked = self._mine(request)
