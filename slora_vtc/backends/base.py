@@ -11,6 +11,22 @@ if TYPE_CHECKING:  # only for an annotation: the simulator's path imports no num
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """Part of a prefill computed in a mixed step (chunked batching): the request's prefill positions
+    [start, start + length), over `req.prefill_len` (prompt, and after a preemption the tokens it had
+    generated). Positions before `req.cached_len` come from the prefix cache and are never in a chunk.
+    A chunk that reaches `req.prefill_len` completes the prefill and yields the request's next token."""
+
+    req: Request
+    start: int
+    length: int
+
+    @property
+    def completes(self) -> bool:
+        return self.start + self.length >= self.req.prefill_len
+
+
+@dataclass(frozen=True)
 class StepResult:
     """Next token per request (None when the backend does not produce real tokens) and step time."""
 
@@ -36,6 +52,12 @@ class ModelBackend(ABC):
     @abstractmethod
     def decode(self, reqs: list[Request]) -> StepResult:
         """Generate one more token for every running request."""
+
+    def mixed(self, chunks: list[Chunk], decodes: list[Request]) -> StepResult:
+        """One step of chunked batching: prefill chunks and one decode token for each of `decodes`,
+        in one forward pass. Tokens: one per chunk (None unless it completes its prefill), then one
+        per decode, in that order."""
+        raise NotImplementedError(f"{type(self).__name__} does not compute mixed prefill-and-decode steps")
 
     def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
         """Time up to `steps` decode steps of this batch from `start`, each one token longer, and stop
