@@ -71,8 +71,8 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument(
         "--lift",
         default=Lift.PAPER.value,
-        choices=[Lift.PAPER.value, Lift.ARTIFACT.value],
-        help="VTC counter lift rule",
+        choices=[Lift.PAPER.value, Lift.ARTIFACT.value, Lift.RUNNING.value],
+        help="VTC counter lift rule (running: a client with a request running keeps one request's credit)",
     )
     p.add_argument(
         "--extra-charge-at-finish",

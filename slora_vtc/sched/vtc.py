@@ -12,6 +12,13 @@ The lift: when a client's queue goes from empty to non-empty, its counter become
 smallest counter among the other waiting clients, so that credit saved while idle cannot be spent
 later. When no other client waits, the paper lifts to the counter of the client that left the queue
 last (`Lift.PAPER`), the artifact's code does not lift (`Lift.ARTIFACT`), and LCF never lifts.
+`Lift.RUNNING`, beyond the paper, is for clients whose requests spend part of their life outside the
+scheduler (a closed-loop client's round trip between one answer and its next request): such a client
+is lifted on every return while its other requests still run, losing the deficit VTC was about to
+make good. Under RUNNING a client with a request running is lifted only to the floor minus the worst
+case of the arriving request, h(x, max_new_tokens) / weight: it keeps at most what a continuously
+backlogged client may lag by (the paper's bound for backlogged clients is of one request's size), and
+cannot bank more. A client with nothing running is lifted as the paper does.
 
 Beyond the paper, each in its own module: length prediction and refunds (vtc_predict.py),
 preemption (vtc_preempt.py), the exact look-ahead that macro-steps use (vtc_lookahead.py), and
@@ -41,6 +48,7 @@ class Lift(str, Enum):
     PAPER = "paper"  # max(own, min over waiting others), or the last client to leave if none wait
     ARTIFACT = "artifact"  # as PAPER, but no lift when no other client waits
     NONE = "none"  # LCF: an idle client keeps its low counter
+    RUNNING = "running"  # as PAPER, but a client with a request running keeps up to one request's credit
 
 
 @dataclass
@@ -138,6 +146,8 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         c = self._client(req.client)
         if not c.queue:
             if (floor := self.floor()) is not None:
+                if self.lift is Lift.RUNNING and self._serving(req.client):
+                    floor -= self.cost(req.prompt_len, req.max_new_tokens) / c.weight
                 c.counter = max(c.counter, floor)
             c.queue.append(req)
             self.queued[req.client] = c
@@ -154,9 +164,13 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         other = self.least_waiting()
         if other is not None:
             return self.clients[other].counter
-        if self.lift is not Lift.PAPER:
+        if self.lift is Lift.ARTIFACT:
             return None
         return self.idle.left_counter if self.last_left is None else self.clients[self.last_left].counter
+
+    def _serving(self, client: str) -> bool:
+        """Whether a request of the client is running (admitted, not yet ended)."""
+        return any(record.client == client for record in self.records.values())
 
     def least_waiting(self) -> str | None:
         """The waiting client with the smallest counter."""

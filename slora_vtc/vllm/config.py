@@ -9,6 +9,8 @@ clients         the clients file `serve` reads (weights, RPM limits; API keys fo
 charge_cached   VTC's weight of a prompt token the prefix cache held, in [0, 1] (default 1: the paper's)
 log_interval_s  seconds between two log lines of counters, waiting and running per tenant (default 10)
 stats_file      where the same numbers are written as JSON (default: nowhere)
+lift            VTC's counter lift: paper (default), or running (a tenant with a request running keeps up
+                to one request's credit when its queue refills: slora_vtc/sched/vtc.py, docs/vllm.md)
 
 Anything else (an unknown key, a value of the wrong type, an unknown scheduler, a clients file that
 cannot be read) is a UserError whose message is one line naming it.
@@ -20,9 +22,11 @@ from dataclasses import dataclass, fields
 from slora_vtc.errors import UserError
 from slora_vtc.sched import Scheduler
 from slora_vtc.sched.registry import SchedulerOptions
+from slora_vtc.sched.vtc import Lift
 from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
 
 SECTION = "slora_vtc"
+LIFTS = tuple(lift.value for lift in Lift)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class PluginConfig:
     charge_cached: float = 1.0
     log_interval_s: float = 10.0
     stats_file: str | None = None
+    lift: str = "paper"
 
     def __post_init__(self):
         for f in fields(self):
@@ -45,6 +50,8 @@ class PluginConfig:
             raise UserError(f"{SECTION}.log_interval_s must be positive, got {self.log_interval_s}")
         if not 0 <= self.charge_cached <= 1:
             raise UserError(f"{SECTION}.charge_cached must be in [0, 1], got {self.charge_cached}")
+        if self.lift not in LIFTS:
+            raise UserError(f"{SECTION}.lift must be one of {', '.join(LIFTS)}, got {self.lift!r}")
 
     @classmethod
     def of(cls, additional_config: Mapping | None) -> "PluginConfig":
@@ -65,7 +72,8 @@ class PluginConfig:
 
     def build_scheduler(self, clients: Clients) -> Scheduler:
         """The scheduler named, with the clients' weights and RPM limits, checked to run inside vLLM."""
-        scheduler = scheduler_for(self.scheduler, clients, SchedulerOptions(charge_cached=self.charge_cached))
+        options = SchedulerOptions(charge_cached=self.charge_cached, lift=Lift(self.lift))
+        scheduler = scheduler_for(self.scheduler, clients, options)
         if not scheduler.traits.preemption:
             raise UserError(
                 f"scheduler '{self.scheduler}' cannot run inside vLLM: it does not take requests back "

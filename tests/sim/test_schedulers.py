@@ -181,6 +181,28 @@ def test_lift_when_no_client_waits(lift, c, b):
     assert (vtc.counter_of("c"), vtc.counter_of("b")) == (c, b)
 
 
+@pytest.mark.parametrize(
+    "lift, a1_ended, lifted_to",
+    [
+        (Lift.PAPER, False, 510),  # the paper: the least waiting counter, b's
+        (Lift.RUNNING, False, 510 - (10 + 2 * 20)),  # a still runs a1: it keeps the worst case of a2, h(10, 20)
+        (Lift.RUNNING, True, 510),  # nothing of a runs: lifted as the paper does
+    ],
+)
+def test_the_running_lift_leaves_a_client_being_served_one_requests_credit(lift, a1_ended, lifted_to):
+    vtc = VTC(lift=lift)
+    a1 = req("a", 10, 100, rid=1)
+    arrive(vtc, a1)
+    assert select(vtc) == [a1]  # a = 10, a runs a1 and waits for nothing
+    b1, b2 = req("b", 500, 1, rid=2), req("b", 1, 1, rid=3)
+    arrive(vtc, b1, b2)  # b lifted to a's 10 (a left the queue last)
+    assert select(vtc, [a1], config(100_000, max_running=2)) == [b1]  # b = 10 + 500, b2 waits
+    if a1_ended:
+        vtc.on_finish([a1], [a1], 0.0)
+    arrive(vtc, req("a", 10, 20, rid=4))
+    assert vtc.counter_of("a") == lifted_to
+
+
 @pytest.mark.parametrize("spec", ["lcf", "vtc"])
 def test_lcf_idle_client_keeps_its_low_counter_and_monopolises(spec):
     sched = build_scheduler(spec, ["a", "b"])

@@ -7,12 +7,26 @@ Prompts are token ids drawn at random (seeded), so that the prefix cache does no
 
 import asyncio
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
 from openai import AsyncOpenAI
 
 VOCAB = range(3, 250)  # the tiny model's ordinary tokens (0-2 are special)
+
+# The fairness tests' load. A tenant is backlogged only while vLLM holds one of its requests waiting;
+# each request spends part of its life outside vLLM (its last tokens on their way to the client, the
+# next request on its way in), and on this tiny CPU model a token takes about 4 ms, so short requests
+# spend much of their life there: with outputs of 96-224 tokens the light tenant (8 in flight) had
+# nothing waiting in 31 % of the samples of a quiet run here, and VTC rightly gave its turn away
+# (24 : 8 served 1.9 : 1). Outputs of 256-512 tokens keep both tenants waiting throughout (checked by
+# each test); drawn uniformly so that requests admitted together end apart. VTC holds backlogged
+# tenants' services within about one request's cost of each other, so the window is long enough for
+# that to be a few percent of what each tenant receives in it.
+PROMPT, OUTPUT = 32, (256, 512)
+RUN_S, WINDOW = 60.0, (10.0, 56.0)  # seconds of load, and the window measured (all backlogged)
 
 
 def client(url: str) -> AsyncOpenAI:
@@ -105,6 +119,38 @@ def service_ratio(url: str, in_flight: dict[str, int], seconds: float, window: t
     first, second = (served[t].tokens_between(t0 + window[0], t0 + window[1]) for t in in_flight)
     assert second > 100, f"too little service measured: {first} and {second} tokens"
     return first / second, served
+
+
+class Sampler:
+    """Reads `read()` every `every_s` in a thread while a load runs; `rows` holds (monotonic time, value)."""
+
+    def __init__(self, read, every_s: float = 0.2):
+        self.read, self.every_s, self.rows, self._stop = read, every_s, [], threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self.rows.append((time.monotonic(), self.read()))
+            except (OSError, ValueError, httpx.HTTPError):  # a stats file being replaced, a server busy
+                pass
+            self._stop.wait(self.every_s)
+
+    @property
+    def values(self) -> list:
+        return [value for _, value in self.rows]
+
+    def between(self, start: float, end: float) -> list:
+        """The values read from `start` to `end` (monotonic times)."""
+        return [value for t, value in self.rows if start <= t <= end]
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def wait_until(predicate, timeout_s: float = 30.0, every_s: float = 0.5):

@@ -26,15 +26,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.vllm import load
-from tests.vllm.load import run, wait_until
+from tests.vllm.load import OUTPUT, PROMPT, RUN_S, WINDOW, Sampler, run, wait_until
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN_PYTHON = os.environ.get("SLORA_VTC_MAIN_PYTHON")
 START_TIMEOUT_S = 60.0
-PROMPT, OUTPUT = 32, (96, 224)  # as tests/vllm/test_on_vllm.py: requests admitted together end apart
-RUN_S, WINDOW = 40.0, (10.0, 36.0)  # seconds of load, and the window measured (all backlogged)
 BATCH = 4  # conftest's --max-num-seqs
 
 
@@ -112,30 +110,6 @@ def service_ratio(url: str, in_flight: dict[str, int]) -> float:
     return ratio
 
 
-class Sampler:
-    """Reads `read()` every 0.2 s in a thread, while a load runs."""
-
-    def __init__(self, read):
-        self.read, self.rows, self._stop = read, [], threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                self.rows.append(self.read())
-            except httpx.HTTPError:
-                pass
-            self._stop.wait(0.2)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 def vllm_gauges(url: str) -> dict[str, float]:
     page = httpx.get(f"{url}/metrics", timeout=10).text
     out = {"waiting": 0.0, "running": 0.0}
@@ -160,10 +134,10 @@ GATEWAY_FAIRNESS_OPEN = pytest.mark.xfail(
 def test_vtc_in_the_gateway_serves_backlogged_tenants_equally_with_a_budget_from_vllms_metrics(stock_vllm):
     with gateway(stock_vllm.url, "--scheduler", "vtc") as g:
         limit = f'slora_gateway_upstream_limit{{upstream="{stock_vllm.url}"}}'
-        with Sampler(lambda: {**vllm_gauges(stock_vllm.url), **g.metrics()}) as seen:
+        with Sampler(lambda: {**vllm_gauges(stock_vllm.url), **g.metrics()}) as sampled:
             ratio = service_ratio(g.url, {"heavy": 24, "light": 8})
         assert 0.8 <= ratio <= 1.25
-        loaded = [row for row in seen.rows if row["slora_gateway_waiting"] >= 10]  # the backlog is in the gateway
+        loaded = [row for row in sampled.values if row["slora_gateway_waiting"] >= 10]  # the backlog is in the gateway
         assert len(loaded) > 20
         # the budget follows vLLM's real queue: a batch of 4 running and at most about a batch queued behind it
         # (the margin), never below the batch; vLLM alone would hold all 32 requests
@@ -319,14 +293,14 @@ def test_nothing_is_lost_when_vllm_dies_mid_run(stock_vllm):
 @GATEWAY_FAIRNESS_OPEN
 def test_passthrough_leaves_the_order_to_the_plugin_and_counts_service(fair_vllm):
     with gateway(fair_vllm.url, "--scheduler", "passthrough") as g:
-        with Sampler(lambda: {**vllm_gauges(fair_vllm.url), **g.metrics()}) as seen:
+        with Sampler(lambda: {**vllm_gauges(fair_vllm.url), **g.metrics()}) as sampled:
             ratio = service_ratio(g.url, {"heavy": 24, "light": 8})
         assert 0.8 <= ratio <= 1.25  # the plugin's VTC: vLLM alone gives about 3
         loaded = [
-            row for row in seen.rows if row["waiting"] >= 10
+            row for row in sampled.values if row["waiting"] >= 10
         ]  # the backlog is in vLLM, where the plugin orders it
         assert len(loaded) > 20
-        assert all(row["slora_gateway_waiting"] == 0 for row in seen.rows)  # the gateway holds nothing back
+        assert all(row["slora_gateway_waiting"] == 0 for row in sampled.values)  # the gateway holds nothing back
         m = g.metrics()
         assert (
             m['slora_gateway_client_service{client="heavy"}'] > 0

@@ -125,3 +125,20 @@ def test_every_scheduler_serves_every_request_to_its_end(model, spec, tmp_path):
     assert [stats["tenants"][t]["finished"] for t in ("a", "b")] == [6, 6]
     assert len(sched.tracked) == 0 and sched.fair.num_waiting() == 0
     assert stats["tenants"]["a"]["cached_tokens"] > 0  # a's later prompts found the shared prefix
+
+
+@pytest.mark.parametrize("spec", ["fcfs", "vtc"])
+def test_the_plugin_schedules_a_burst_in_the_steps_vllm_as_shipped_does(model, spec):
+    """The benchmark's burst (benchmarks/vllm_plugin.py) in small: two tenants' requests of one shape,
+    all fitting at once. Whatever order the plugin picks, each step must schedule as many requests and
+    tokens as vLLM's own scheduler does (the plugin adds time to a step, never a step)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def steps(cls):
+        sched, make = scheduler(model, {"scheduler": spec}, max_seqs=16, batched=256, cls=cls), Requests().make
+        for k in range(16):
+            sched.add_request(make("ab"[k % 2], 40, 12))
+        return [sorted(out.num_scheduled_tokens.values()) for out, _ in run(sched)]
+
+    stock = steps(Scheduler)
+    assert len(stock) > 10 and stock == steps(FairSyncScheduler)

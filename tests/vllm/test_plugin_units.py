@@ -9,7 +9,7 @@ import pytest
 
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
-from slora_vtc.sched import VTC, build_scheduler
+from slora_vtc.sched import VTC, Lift, build_scheduler
 from slora_vtc.vllm.config import PluginConfig
 from slora_vtc.vllm.middleware import TenantMiddleware
 from slora_vtc.vllm.tenant import tenant_of
@@ -30,6 +30,9 @@ def test_the_config_defaults_to_vtc_and_reads_its_keys(tmp_path):
     assert scheduler.weight_of("b") == 3.0  # the file's own weight wins (as in serve)
     plain = PluginConfig(clients=str(clients))
     assert plain.build_scheduler(plain.load_clients()).weight_of("b") == 3.0
+    assert plain.build_scheduler(plain.load_clients()).lift is Lift.PAPER
+    running = PluginConfig.of({"slora_vtc": {"lift": "running"}})
+    assert running.build_scheduler(running.load_clients()).lift is Lift.RUNNING
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,7 @@ def test_the_config_defaults_to_vtc_and_reads_its_keys(tmp_path):
         ({"log_interval_s": 0}, "log_interval_s"),
         ({"clients": "/no/such/file.toml"}, "/no/such/file.toml"),
         ({"scheduler": "rpm:x"}, "rpm:x"),
+        ({"lift": "sometimes"}, "sometimes"),
     ],
 )
 def test_bad_config_is_one_line_naming_it(section, words):
