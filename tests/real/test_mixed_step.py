@@ -285,3 +285,25 @@ def test_a_request_preempted_mid_prefill_starts_its_chunks_again(hf):
     torch.testing.assert_close(torch.stack(chunk_rows(d)), want[[7, 15, 11, 23]], atol=ATOL, rtol=ATOL)
     for r in (a, b):
         d.assert_matches(model, r)
+
+
+def test_a_request_preempted_while_decoding_is_recomputed_in_chunks(hf):
+    """Preempted after 3 outputs, its prefill over prompt + outputs (27 positions) runs as two chunks (the last
+    one yields its 4th output), and it ends with an uninterrupted run's logits."""
+    root, model, _ = hf
+    d = Driver(root)
+    a, b = d.new(LONG, 7), d.new(OTHER, 9)
+    d.prefill([a, b])
+    d.mixed([], [a, b])
+    d.mixed([], [a, b])
+    d.backend.release(a, preempted=True)
+    a.kv_slots = []
+    assert a.prefill_len == len(LONG) + 3
+    assert d.mixed([(a, 0, 20)], [b])[0] is None
+    assert d.mixed([(a, 20, a.prefill_len)], [b])[0] == a.output_ids[3]
+    while not all(r.done for r in (a, b)):
+        d.mixed([], [r for r in (a, b) if not r.done])
+    want = hf_logits(model, a.token_ids())
+    torch.testing.assert_close(torch.stack(chunk_rows(d)), want[[19, 26]], atol=ATOL, rtol=ATOL)
+    for r in (a, b):
+        d.assert_matches(model, r)
