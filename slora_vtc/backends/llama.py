@@ -11,21 +11,31 @@ request's row gets all its slots, cached ones included. A prompt given only as a
 ids at its first prefill, kept on the request (`prompt_ids`). A step that raises is retried request
 by request, so one failing request is reported in StepResult.failed (the engine aborts it) while the
 others keep being served.
+
+A mixed step (chunked batching, `mixed`) computes prefill chunks and decode tokens in one pass
+(model/llama.py's Mixed). A chunk covers positions [start, start + length) of its request's prefill;
+its row of the slot table gets the slots of positions [0, start + length) (`kv_slots` may hold more:
+slots allocated by block), and its queries attend over them (an extend whose cached length is the
+chunk's start). Across the chunks of one prefill the request keeps its row (slots, adapter, tokens
+computed), its dummy prompt ids (drawn at its first chunk) and its seeded generator; the host
+remembers where its next chunk must start. Only the chunk that completes the prefill samples, as
+`prefill` would. A decode's new token goes in `kv_slots[held_tokens - 1]`, in both kinds of step.
 """
 
 import logging
 import os
 import time
 from itertools import accumulate, chain
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.backends.base import Chunk, ModelBackend, StepResult
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, slots_per_row
 from slora_vtc.model.batch_kv import BatchKV
-from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Prefill
+from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Mixed, Prefill
 from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
 from slora_vtc.model.pool import KVPool
@@ -139,6 +149,17 @@ class AdapterRows:
         return rows
 
 
+class _After(NamedTuple):
+    """What a mixed step changes in the request rows once it has run (on the device)."""
+
+    rows: torch.Tensor  # the chunks' rows, then the decodes'
+    lens: torch.Tensor  # their tokens in the pool after the step
+    chunk_rows: torch.Tensor
+    chunk_adapters: torch.Tensor
+    sampled: torch.Tensor  # the logits rows sampled: the chunks that complete their prefill, then the decodes
+    last_rows: torch.Tensor  # their requests' rows, whose next decode feeds the token sampled
+
+
 class LlamaBackend(ModelBackend):
     def __init__(
         self,
@@ -158,18 +179,27 @@ class LlamaBackend(ModelBackend):
         self.sampler = BatchSampler(sampling, self._gen, self.spec.vocab_size, self.device)
         # kernels whose decode attention gathers the context from the pool: keep the batch's K/V densely instead
         self.batch_kv = BatchKV(model.pool.k) if getattr(model.ops, "gathers_decode_kv", False) else None
-        self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab])
+        self.on_logits = None  # observer for tests and debugging: on_logits(requests, logits [B, vocab]) sampled from
+        self._prefilling: dict[int, int] = {}  # rid -> positions computed so far, of a prefill that spans mixed steps
 
     # -- the engine's interface ------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> StepResult:
-        return self._timed(self._prefill, reqs, skip={i for i, r in enumerate(reqs) if self._bad_prompt(r)})
+        skip = {i for i, r in enumerate(reqs) if self._bad_prompt(r, r.prefill_len)}
+        return self._timed(self._prefill, reqs, reqs, skip)
 
     def decode(self, reqs: list[Request]) -> StepResult:
-        return self._timed(self._decode, reqs)
+        return self._timed(self._decode, reqs, reqs)
+
+    def mixed(self, chunks: list[Chunk], decodes: list[Request]) -> StepResult:
+        items = [*chunks, *decodes]
+        skip = {i for i, c in enumerate(chunks) if self._bad_chunk(c)}
+        skip.update(len(chunks) + i for i, r in enumerate(decodes) if self._bad_decode(r))
+        return self._timed(self._mixed, items, [c.req for c in chunks] + decodes, skip)
 
     def release(self, req: Request, preempted: bool = False) -> None:
         self._invalidate_dense()
         self.rows.remove(req.rid)
+        self._prefilling.pop(req.rid, None)
         self.sampler.release(req, preempted)
 
     def has_adapter(self, name: str) -> bool:
@@ -190,7 +220,8 @@ class LlamaBackend(ModelBackend):
         self.resident.put(adapter, slots_t)
 
     # -- steps ----------------------------------------------------------------------------
-    def _timed(self, run, reqs: list[Request], skip: set[int] = frozenset()) -> StepResult:
+    def _timed(self, run, items: list, reqs: list[Request], skip: set[int] = frozenset()) -> StepResult:
+        """run(some items) -> (token, logprobs) per item; items[i] is for reqs[i] (a request, or a chunk of it)."""
         start = time.perf_counter()
         tokens: list[int | None] = [None] * len(reqs)
         logprobs: list[TokenLogprob | None] = [None] * len(reqs)
@@ -198,14 +229,14 @@ class LlamaBackend(ModelBackend):
         todo = [i for i in range(len(reqs)) if i not in skip]
         try:
             if todo:
-                for i, t, lp in zip(todo, *run([reqs[i] for i in todo])):
+                for i, t, lp in zip(todo, *run([items[i] for i in todo])):
                     tokens[i], logprobs[i] = t, lp
         except Exception as batch_error:  # isolate the failing requests: retry one by one
             self._invalidate_dense()
             log.warning("a batch of %d failed (%s); retrying request by request", len(todo), batch_error)
             for i in todo:
                 try:
-                    (tokens[i],), (logprobs[i],) = run([reqs[i]])
+                    (tokens[i],), (logprobs[i],) = run([items[i]])
                 except Exception as e:
                     log.warning("request %d failed in the model: %s", reqs[i].rid, e)
                     failed.add(i)
@@ -264,9 +295,9 @@ class LlamaBackend(ModelBackend):
 
     @torch.inference_mode()
     def _decode(self, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
-        rows, new_slots = torch.tensor([[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[-1] for r in reqs]]).to(
-            self.device
-        )
+        rows, new_slots = torch.tensor(
+            [[self.rows.row_of[r.rid] for r in reqs], [r.kv_slots[r.held_tokens - 1] for r in reqs]]
+        ).to(self.device)
         positions = self.rows.lens[rows]
         self.rows.table[rows, positions] = new_slots
         seq_lens = positions + 1
@@ -278,6 +309,96 @@ class LlamaBackend(ModelBackend):
         nxt, logprobs = self._sample(reqs, self.model.forward(batch))
         self.rows.lens[rows], self.rows.last[rows] = seq_lens, nxt
         return nxt.tolist(), logprobs
+
+    @torch.inference_mode()
+    def _mixed(self, items: list) -> tuple[list[int | None], list[TokenLogprob | None]]:
+        """Chunks (first in `items`) and decodes in one pass; a step without chunks is a decode step."""
+        chunks = [x for x in items if isinstance(x, Chunk)]
+        decodes = [x for x in items if not isinstance(x, Chunk)]
+        if not chunks:
+            return self._decode(decodes)
+        reqs = [c.req for c in chunks] + decodes
+        sampled = [*(i for i, c in enumerate(chunks) if c.completes), *range(len(chunks), len(items))]
+        batch, after = self._mixed_batch(chunks, decodes, sampled)
+        logits = self.model.forward(batch)
+        if sampled:
+            nxt, logprobs = self._sample([reqs[i] for i in sampled], logits[after.sampled])
+        else:
+            nxt, logprobs = after.sampled, []  # no row to sample: empty
+        self.rows.lens[after.rows], self.rows.last[after.last_rows] = after.lens, nxt
+        self.rows.adapter[after.chunk_rows] = after.chunk_adapters
+        for c in chunks:
+            if c.completes:
+                self._prefilling.pop(c.req.rid, None)
+            else:
+                self._prefilling[c.req.rid] = c.start + c.length
+        tokens: list[int | None] = [None] * len(items)
+        logprobs_of: list[TokenLogprob | None] = [None] * len(items)
+        for i, t, lp in zip(sampled, nxt.tolist(), logprobs):
+            tokens[i], logprobs_of[i] = t, lp
+        return tokens, logprobs_of
+
+    def _mixed_batch(self, chunks: list[Chunk], decodes: list[Request], sampled: list[int]) -> tuple[Mixed, "_After"]:
+        """The pass's batch (each chunk's context so far written into its row of the slot table, each decode's
+        new slot into its), and what the step changes in the rows once it has run."""
+        self._prefill_ids([c.req for c in chunks if c.req.prompt_ids is None])  # a length only: draw its ids
+        reqs = [c.req for c in chunks]
+        starts, ends = [c.start for c in chunks], [c.start + c.length for c in chunks]
+        rows = self.rows.add([r.rid for r in reqs], max(r.prompt_len + r.max_new_tokens for r in reqs))
+        adapters = [self._adapter_of(r) for r in reqs]
+        decode_rows = [self.rows.row_of[r.rid] for r in decodes]
+        n_ctx, n_new, b, d, s = sum(ends), sum(ends) - sum(starts), len(chunks), len(decodes), len(sampled)
+        host = torch.tensor(
+            [
+                *chain.from_iterable(r.kv_slots[:e] for r, e in zip(reqs, ends)),
+                *chain.from_iterable(r.token_ids()[c.start : e] for r, c, e in zip(reqs, chunks, ends)),
+                0,
+                *accumulate(c.length for c in chunks),
+                0,
+                *accumulate(ends),
+                *rows,
+                *adapters,
+                *ends,
+                *starts,
+                *decode_rows,
+                *(r.kv_slots[r.held_tokens - 1] for r in decodes),
+                *sampled,
+                *((rows + decode_rows)[i] for i in sampled),
+            ]
+        )
+        ctx_slots, new_ids, cu_t, cu_ctx, rows_t, adapter_t, ends_t, starts_t, rows_d, slots_d, sampled_t, last_rows = (
+            host.to(self.device).split([n_ctx, n_new, b + 1, b + 1, b, b, b, b, d, d, s, s])
+        )
+        # each chunk's context so far, [0, end), into its row; its new tokens sit at positions start .. end - 1
+        ctx_positions = torch.arange(n_ctx, device=self.device) - torch.repeat_interleave(
+            cu_ctx[:-1], ends_t, output_size=n_ctx
+        )
+        self.rows.table[torch.repeat_interleave(rows_t, ends_t, output_size=n_ctx), ctx_positions] = ctx_slots
+        new_t = ends_t - starts_t
+        positions = torch.arange(n_new, device=self.device) - torch.repeat_interleave(
+            cu_t[:-1] - starts_t, new_t, output_size=n_new
+        )
+        slots = self.rows.table[torch.repeat_interleave(rows_t, new_t, output_size=n_new), positions]
+        positions_d = self.rows.lens[rows_d]  # the decodes, as a decode step takes them
+        self.rows.table[rows_d, positions_d] = slots_d
+        max_len = max((r.held_tokens for r in decodes), default=0)
+        tokens = torch.cat([new_ids, self.rows.last[rows_d]])
+        positions, slots = torch.cat([positions, positions_d]), torch.cat([slots, slots_d])
+        chunk_lora = self.resident.batch(adapter_t) if max(adapters) >= 0 else None
+        adapted_decodes = any(self._adapter_of(r) >= 0 for r in decodes)
+        decode_lora = self.resident.batch(self.rows.adapter[rows_d]) if adapted_decodes else None
+        prefix = CachedPrefix(self.rows.table[rows_t, : max(ends)], starts_t)
+        n = n_new
+        chunk_part = Prefill(
+            tokens[:n], positions[:n], slots[:n], cu_t, max(c.length for c in chunks), chunk_lora, prefix
+        )
+        dense = self._dense(decodes, max_len) if decodes else None
+        table_d = self.rows.table[rows_d, :max_len]
+        decode_part = Decode(tokens[n:], positions[n:], slots[n:], table_d, positions_d + 1, decode_lora, dense)
+        after = _After(
+            torch.cat([rows_t, rows_d]), torch.cat([ends_t, positions_d + 1]), rows_t, adapter_t, sampled_t, last_rows
+        )
+        return Mixed(tokens, positions, slots, chunk_part, decode_part), after
 
     # -- helpers --------------------------------------------------------------------------
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
@@ -312,9 +433,21 @@ class LlamaBackend(ModelBackend):
                 r.prompt_ids = [self.spec.bos_token_id, *drawn[start + 1 : start + r.prompt_len]]
         return [r.token_ids() for r in reqs]
 
-    def _bad_prompt(self, req: Request) -> bool:
+    def _bad_chunk(self, chunk: Chunk) -> bool:
+        """A chunk the model cannot run: empty, past the prefill, not where the request's last chunk ended (or
+        its cached length, for a first chunk), or a prefill the model cannot run."""
+        req, end = chunk.req, chunk.start + chunk.length
+        expected = self._prefilling.get(req.rid, req.cached_len)
+        return chunk.length <= 0 or chunk.start != expected or end > req.prefill_len or self._bad_prompt(req, end)
+
+    def _bad_decode(self, req: Request) -> bool:
+        """A decode in a mixed step of a request that has no row, has not finished its prefill, or has no slot for
+        its new token."""
+        return req.rid not in self.rows.row_of or req.rid in self._prefilling or len(req.kv_slots) < req.held_tokens
+
+    def _bad_prompt(self, req: Request, slots_needed: int) -> bool:
         """A prefill the model cannot run (caught here: on a GPU a bad index would kill the process)."""
-        if req.prompt_len <= 0 or len(req.kv_slots) < req.prefill_len or not 0 <= req.cached_len < req.prefill_len:
+        if req.prompt_len <= 0 or len(req.kv_slots) < slots_needed or not 0 <= req.cached_len < req.prefill_len:
             return True
         if len(req.output_ids) != req.generated:  # a re-prefill needs every generated id
             return True
