@@ -9,6 +9,7 @@ clients         the clients file `serve` reads (weights, RPM limits; API keys fo
 charge_cached   VTC's weight of a prompt token the prefix cache held, in [0, 1] (default 1: the paper's)
 log_interval_s  seconds between two log lines of counters, waiting and running per tenant (default 10)
 stats_file      where the same numbers are written as JSON (default: nowhere)
+step_log        where one JSON line per engine step is written (slora_vtc/vllm/steps.py; default: nowhere)
 
 Anything else (an unknown key, a value of the wrong type, an unknown scheduler, a clients file that
 cannot be read) is a UserError whose message is one line naming it.
@@ -32,6 +33,7 @@ class PluginConfig:
     charge_cached: float = 1.0
     log_interval_s: float = 10.0
     stats_file: str | None = None
+    step_log: str | None = None
 
     def __post_init__(self):
         for f in fields(self):
