@@ -1,0 +1,121 @@
+"""A step log of real vLLM, to calibrate the simulator from (`slora-vtc calibrate --vllm-steps`).
+
+Starts vLLM (with the plugin, `vtc`, and `"step_log"`) on the tiny random Llama of tests/vllm, sends
+it a load whose steps cover what the step-time model must tell apart (docs/vllm.md, "Calibrating
+the simulator from vLLM's steps"): requests from two tenants, prompt lengths drawn uniformly in
+[16, 1500] (long prompts are prefilled in several chunks of the token budget), outputs in [8, 200]
+(`ignore_eos`); first Poisson arrivals for `--seconds` (mostly small batches, the engine sometimes
+idle), then closed loops keeping 4, 8 and 16 requests in flight (`--closed`), each for
+`--closed-seconds`, so that decode batches of every size up to `--max-num-seqs` run beside prefill
+chunks. Writes the step log and a summary beside it (machine, settings, requests, load average).
+
+    .venv-vllm/bin/python benchmarks/vllm_steps.py --out steps.jsonl [--model-dir DIR] [--rate 3]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from machine import machine_info  # noqa: E402
+
+from tests.vllm.load import Served, client, complete, prompt  # noqa: E402
+from tests.vllm.model import build_tiny_llama  # noqa: E402
+from tests.vllm.server import VllmServer, plugin_args  # noqa: E402
+
+PROMPT_LENS, OUTPUT_LENS = (16, 1500), (8, 200)
+
+
+class Load:
+    """Requests of random lengths from two tenants, sent open-loop or by closed loops."""
+
+    def __init__(self, url: str, seed: int):
+        self.api, self.rng = client(url), random.Random(seed)
+        self.served = {tenant: Served() for tenant in ("a", "b")}
+        self.errors: list[str] = []
+
+    async def one(self) -> None:
+        tenant = self.rng.choice("ab")
+        ids, tokens = prompt(self.rng, self.rng.randint(*PROMPT_LENS)), self.rng.randint(*OUTPUT_LENS)
+        try:
+            await complete(self.api, tenant, ids, tokens, self.served[tenant])
+        except Exception as e:  # noted and reported; the log is what matters
+            self.errors.append(repr(e))
+
+    async def poisson(self, rate: float, seconds: float) -> None:
+        tasks, deadline = [], time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            tasks.append(asyncio.create_task(self.one()))
+            await asyncio.sleep(self.rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+
+    async def closed(self, in_flight: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+
+        async def worker() -> None:
+            while time.monotonic() < deadline:
+                await self.one()
+
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+
+
+async def load(url: str, rate: float, seconds: float, closed: list[int], closed_s: float, seed: int) -> Load:
+    """Poisson arrivals for `seconds`, then a closed loop of each size in `closed` for `closed_s` each."""
+    sender = Load(url, seed)
+    await sender.poisson(rate, seconds)
+    for in_flight in closed:
+        await sender.closed(in_flight, closed_s)
+    await sender.api.close()
+    if sender.errors:
+        print(f"{len(sender.errors)} requests failed, the first: {sender.errors[0]}", file=sys.stderr)
+    return sender
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="where the step log is copied")
+    parser.add_argument("--model-dir", help="a tiny model folder (default: built in a temporary folder)")
+    parser.add_argument("--rate", type=float, default=3.0, help="requests per second of the open loop")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long the open loop sends")
+    parser.add_argument("--closed", default="4,8,16", help="sizes of the closed loops after it")
+    parser.add_argument("--closed-seconds", type=float, default=12.0, help="how long each closed loop runs")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    model = Path(args.model_dir) if args.model_dir else build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny")
+    log = Path(tempfile.mkdtemp()) / "steps.jsonl"
+    settings = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens",
+                str(args.max_num_batched_tokens), "--max-model-len", "2048"]  # fmt: skip
+    config = {"scheduler": "vtc", "step_log": str(log)}
+    with VllmServer(model, [*settings, *plugin_args(config)], env={"PYTHONPATH": str(REPO)}) as server:
+        started, load_before = time.monotonic(), os.getloadavg()[0]
+        closed = [int(k) for k in args.closed.split(",") if k]
+        sent = asyncio.run(load(server.url, args.rate, args.seconds, closed, args.closed_seconds, args.seed))
+        elapsed = time.monotonic() - started
+    shutil.copyfile(log, args.out)
+    summary = {
+        "machine": machine_info(),
+        "settings": {**vars(args), "vllm_args": settings},
+        "requests": sum(len(s.usages) for s in sent.served.values()),
+        "failed": len(sent.errors),
+        "output_tokens": sum(y for s in sent.served.values() for _, y in s.usages),
+        "prompt_tokens": sum(x for s in sent.served.values() for x, _ in s.usages),
+        "load_s": elapsed,
+        "loadavg_1m": [load_before, os.getloadavg()[0]],
+    }
+    Path(args.out).with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "machine"}))
+
+
+if __name__ == "__main__":
+    main()
