@@ -8,12 +8,16 @@ simulator from vLLM's steps", says why this form).
 
 The terms are the step log's (and `mixed_time`'s) arguments: the prompt tokens the step computed,
 the (new token, earlier position) pairs their attention covers, the requests decoding and the
-tokens their attention reads. The wall part is fitted by least squares on seconds, not relative
-error, so that the fitted times of the log's steps add up to its measured time (the intercept sees
-to it); a term that comes out negative is dropped and the rest refitted. `gap` is the mean time
-between steps, over the steps that decode something: such a step continues work the engine already
-had, so its gap is the host's work between steps; a step that only starts new prompts may follow an
-idle engine, whose waiting the simulator models itself (by its arrivals).
+tokens their attention reads. The wall part is fitted in two stages. Its shape is a least-absolute-
+deviation fit (the median step of each shape; iteratively reweighted least squares, a term that
+comes out negative dropped), because on a machine shared with other work some steps take many times
+their usual time and would pull a least-squares fit wherever they fall. Then all its coefficients
+are multiplied by one factor, `slowdown`, that makes the fitted wall times of the log's steps add up
+to the measured ones: the machine's time lost to other work, spread over steps in proportion to
+their cost. `gap` is the mean time between steps, over the steps that decode something: such a step
+continues work the engine already had, so its gap is the host's work between steps; a step that only
+starts new prompts may follow an idle engine, whose waiting the simulator models itself (by its
+arrivals).
 
 A `VllmStepModel` also answers as the simulator's S-LoRA step model does (`prefill_time`,
 `decode_time` and the attributes `SimBackend` reads), a prefill batch and a decode batch being
@@ -93,9 +97,9 @@ class StepFit:
 
     model: VllmStepModel
     steps: int
-    measured_wall_s: float  # the log's steps' wall_s, added up
-    fitted_wall_s: float  # the model's wall part for the same steps, added up
-    rms_s: float  # root mean square of the per-step residuals of wall_s
+    slowdown: float  # the factor from the median steps' shape to the log's measured time
+    measured_wall_s: float  # the log's steps' wall_s, added up (= the model's, by the slowdown)
+    median_error: float  # median over steps of |shape - measured| / measured (before the slowdown)
     gap_steps: int  # the steps whose gaps made `gap_s`
     by_kind: dict[str, tuple[int, float, float]]  # kind of step -> (steps, measured wall, fitted wall)
 
@@ -112,7 +116,9 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
         )
     X = np.array([[1.0, *(getattr(r, t) for t in TERMS)] for r in steps])
     y = np.array([r.wall_s for r in steps])
-    coef = _least_squares_nonnegative(X, y)
+    shape = _least_absolute_deviations(X, y)
+    slowdown = float(y.sum() / (X @ shape).sum())
+    coef = shape * slowdown
     gaps = [r.gap_s for r in steps if r.decode_reqs]
     model = VllmStepModel(*(float(c) for c in coef), gap_s=float(np.mean(gaps)))
     fitted = X @ coef
@@ -122,8 +128,8 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
         for k in ("prefill only", "mixed", "decode only")
         if (kinds == k).any()
     }
-    return StepFit(model, len(steps), float(y.sum()), float(fitted.sum()),
-                   float(np.sqrt(np.mean((fitted - y) ** 2))), len(gaps), by_kind)  # fmt: skip
+    error = float(np.median(np.abs(X @ shape - y) / np.maximum(y, 1e-12)))
+    return StepFit(model, len(steps), slowdown, float(y.sum()), error, len(gaps), by_kind)
 
 
 def fit_step_log(path: str | Path) -> StepFit:
@@ -134,7 +140,9 @@ def fit_step_log(path: str | Path) -> StepFit:
 
 
 def save_step_model(fit: StepFit, path: str | Path, source: str) -> None:
-    about = {"fit": {"log": str(source), "steps": fit.steps, "rms_s": fit.rms_s}}
+    about = {
+        "fit": {"log": str(source), "steps": fit.steps, "slowdown": fit.slowdown, "median_error": fit.median_error}
+    }
     Path(path).write_text(json.dumps(fit.model.to_json(**about), indent=1) + "\n")
 
 
@@ -144,9 +152,26 @@ def _kind(r: StepRecord) -> str:
     return "prefill only" if r.prefill_tokens else "decode only"
 
 
+def _least_absolute_deviations(X, y, iterations: int = 100):
+    """Coefficients >= 0 minimising sum |y - X c|, by iteratively reweighted least squares (each
+    step's weight 1 / its last absolute residual, floored at a microsecond)."""
+    import numpy as np
+
+    weight = np.ones(len(y))
+    coef = None
+    for _ in range(iterations):
+        root = np.sqrt(weight)
+        new = _least_squares_nonnegative(X * root[:, None], y * root)
+        if coef is not None and np.allclose(new, coef, rtol=1e-7, atol=1e-15):
+            return new
+        coef = new
+        weight = 1.0 / np.maximum(np.abs(y - X @ coef), 1e-6)
+    return coef
+
+
 def _least_squares_nonnegative(X, y):
-    """Least squares on seconds; a term (never the intercept) that comes out negative is dropped and
-    the rest refitted."""
+    """Least squares; a term (never the intercept) that comes out negative is dropped and the rest
+    refitted."""
     import numpy as np
 
     active = list(range(X.shape[1]))

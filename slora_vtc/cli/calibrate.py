@@ -98,8 +98,8 @@ def _calibrate_from_steps(args) -> int:
     )
     print(f"         + {m.decode_req_s:.3e} * decode_reqs + {m.context_token_s:.3e} * context_tokens")
     print(f"  gap  = {m.gap_s:.3e} per step (mean over the {fit.gap_steps} steps that decode)")
-    print(f"wall time of the log's steps: measured {fit.measured_wall_s:.3f} s, fitted {fit.fitted_wall_s:.3f} s; "
-          f"per step rms error {fit.rms_s * 1000:.2f} ms")  # fmt: skip
+    print(f"  the median steps' fit (median error per step {fit.median_error:.1%}) x {fit.slowdown:.3f}, so that "
+          f"the fitted wall times add up to the measured {fit.measured_wall_s:.3f} s")  # fmt: skip
     for kind, (n, measured, fitted) in fit.by_kind.items():
         print(f"  {kind:<12} {n:>7} steps: measured {measured:9.3f} s, fitted {fitted:9.3f} s "
               f"({fitted / measured - 1:+.1%})")  # fmt: skip
