@@ -136,6 +136,11 @@ def analyse(logs: dict[str, Path]) -> dict:
                 zip(["base_s", *(f"{t}_s" for t in TERMS)], map(float, shapes["least_squares"][name]))
             ),
             "median_error_with": {term: _median_error_with(X[name], y[name], records, term) for term in EXTRA_TERMS},
+            "decode_only_median_ms": {
+                str(n): 1e3
+                * float(np.median([r.wall_s for r in records if not r.prefill_tokens and r.decode_reqs == n]))
+                for n in sorted({r.decode_reqs for r in records if not r.prefill_tokens})
+            },
         }
     for method in fitters:
         for a in steps:
