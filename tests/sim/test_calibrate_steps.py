@@ -4,6 +4,7 @@ simulated with, and bad logs are one line and exit status 2."""
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -88,12 +89,14 @@ def test_steps_slowed_by_other_work_leave_the_shape_and_make_the_slowdown(tmp_pa
             assert getattr(fit.model, name) / fit.slowdown == pytest.approx(getattr(TRUE, name), rel=tolerance), name
 
 
-def test_without_noise_the_fit_is_exact(tmp_path):
+@pytest.mark.parametrize("true", [TRUE, replace(TRUE, gap_s=0.0)], ids=["vllm", "simulator"])
+def test_without_noise_the_fit_is_exact(tmp_path, true):
+    """Also a log as our simulator writes it (`--step-log`: each step's modelled time, gaps 0)."""
     log = tmp_path / "steps.jsonl"
-    synthetic_log(log, TRUE, steps=200, noise=0.0)
+    synthetic_log(log, true, steps=200, noise=0.0)
     fit = fit_step_log(log)
     for name in ("base_s", "prefill_token_s", "prefill_pair_s", "decode_req_s", "context_token_s", "gap_s"):
-        assert getattr(fit.model, name) == pytest.approx(getattr(TRUE, name), rel=1e-9), name
+        assert getattr(fit.model, name) == pytest.approx(getattr(true, name), rel=1e-9, abs=1e-15), name
     assert fit.slowdown == pytest.approx(1.0, rel=1e-9) and fit.median_error < 1e-9
 
 
