@@ -102,6 +102,7 @@ class StepFit:
     median_error: float  # median over steps of |shape - measured| / measured (before the slowdown)
     gap_steps: int  # the steps whose gaps made `gap_s`
     by_kind: dict[str, tuple[int, float, float]]  # kind of step -> (steps, measured wall, fitted wall)
+    unmeasured: tuple[str, ...] = ()  # terms no step of the log had (their coefficients are 0)
 
 
 def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFit:
@@ -116,7 +117,9 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
         )
     X = np.array([[1.0, *(getattr(r, t) for t in TERMS)] for r in steps])
     y = np.array([r.wall_s for r in steps])
-    shape = _least_absolute_deviations(X, y)
+    measured = [0, *(k for k in range(1, X.shape[1]) if X[:, k].any())]
+    shape = np.zeros(X.shape[1])
+    shape[measured] = _least_absolute_deviations(X[:, measured], y)
     slowdown = float(y.sum() / (X @ shape).sum())
     coef = shape * slowdown
     gaps = [r.gap_s for r in steps if r.decode_reqs]
@@ -129,7 +132,8 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
         if (kinds == k).any()
     }
     error = float(np.median(np.abs(X @ shape - y) / np.maximum(y, 1e-12)))
-    return StepFit(model, len(steps), slowdown, float(y.sum()), error, len(gaps), by_kind)
+    unmeasured = tuple(TERMS[k - 1] for k in range(1, X.shape[1]) if k not in measured)
+    return StepFit(model, len(steps), slowdown, float(y.sum()), error, len(gaps), by_kind, unmeasured)
 
 
 def fit_step_log(path: str | Path) -> StepFit:

@@ -100,6 +100,8 @@ def _calibrate_from_steps(args) -> int:
     print(f"  gap  = {m.gap_s:.3e} per step (mean over the {fit.gap_steps} steps that decode)")
     print(f"  the median steps' fit (median error per step {fit.median_error:.1%}) x {fit.slowdown:.3f}, so that "
           f"the fitted wall times add up to the measured {fit.measured_wall_s:.3f} s")  # fmt: skip
+    for term in fit.unmeasured:
+        print(f"  no step had {term}: its cost is not measured and left 0")
     for kind, (n, measured, fitted) in fit.by_kind.items():
         print(f"  {kind:<12} {n:>7} steps: measured {measured:9.3f} s, fitted {fitted:9.3f} s "
               f"({fitted / measured - 1:+.1%})")  # fmt: skip

@@ -109,6 +109,35 @@ def test_a_term_the_steps_do_not_pay_for_comes_out_zero_not_negative(tmp_path):
     assert model.context_token_s < 2e-8  # a tenth of what TRUE pays
 
 
+def test_a_term_no_step_had_is_named_and_left_zero(tmp_path, capsys):
+    log = tmp_path / "steps.jsonl"
+    synthetic_log(log, TRUE, steps=300, noise=0.05)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps({**r, "prefill_pairs": 0}) + "\n" for r in lines))
+    code, out, err = run_cli(capsys, "calibrate", "--vllm-steps", log)
+    assert code == 0, err
+    assert "no step had prefill_pairs" in out
+    assert fit_step_log(log).model.prefill_pair_s == 0.0
+
+
+def test_a_chunked_simulation_gives_back_its_testbed(tmp_path, capsys):
+    """The simulator's own step log (`--step-log`; each step's modelled time as its wall, gaps 0),
+    fitted, is the testbed it ran with, its gap folded into the base. A budget of 100 tokens splits
+    the suite's prompts into chunks, so that every term varies."""
+    pytest.importorskip("slora_vtc.chunked", reason="chunked batching (issue 20, item 1) is not in this checkout")
+    testbed, log = tmp_path / "testbed.json", tmp_path / "steps.jsonl"
+    testbed.write_text(json.dumps(TRUE.to_json()))
+    code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc", "--duration", "30",
+                           "--batching", "chunked", "--max-num-batched-tokens", "100", "--testbed", testbed,
+                           "--step-log", log, "--out", tmp_path / "run.jsonl")  # fmt: skip
+    assert code == 0, err
+    fit = fit_step_log(log)
+    assert fit.unmeasured == () and fit.model.gap_s == 0.0
+    assert fit.model.base_s == pytest.approx(TRUE.base_s + TRUE.gap_s, rel=1e-9)
+    for name in ("prefill_token_s", "prefill_pair_s", "decode_req_s", "context_token_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(TRUE, name), rel=1e-9), name
+
+
 def test_mixed_time_adds_the_terms_and_the_gap():
     # 5e-3 + 8e-5 * 100 + 7e-8 * 2000 + 7e-4 * 3 + 2e-7 * 900 + 3e-4, by hand:
     # 0.005 + 0.008 + 0.00014 + 0.0021 + 0.00018 + 0.0003 = 0.01572
