@@ -33,6 +33,7 @@ A step that computed nothing is not written; its time falls into the next step's
 
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from slora_vtc.steplog import StepLogWriter, StepRecord
 
@@ -47,7 +48,7 @@ class _Pending:
 
 
 class StepLog:
-    def __init__(self, path: str):
+    def __init__(self, path: str | Path):
         self.writer = StepLogWriter(path).open()
         self.pending: deque[_Pending] = deque()
         self.prefilling: set[str] = set()
