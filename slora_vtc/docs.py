@@ -37,6 +37,7 @@ SOURCES = {
     "tests": "benchmarks/results/test_times.json",  # benchmarks/test_times.py
     "vplugin": "benchmarks/results/vllm_plugin.json",  # benchmarks/vllm_plugin.py (in .venv-vllm)
     "setups": "benchmarks/results/vllm_setups.json",  # benchmarks/vllm_compare.py (needs vLLM)
+    "vsteps": "benchmarks/results/vllm_steps.json",  # benchmarks/vllm_steps.py (its runs need vLLM)
     "vsvllm": "benchmarks/results/serve_vs_vllm.json",  # benchmarks/serve_vs_vllm.py
     "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)

@@ -40,16 +40,23 @@ FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 class StepLogWriter:
-    """Appends one line per step to a file (opened at the first step, line-buffered)."""
+    """Writes one line per step to a file (opened at the first step, line-buffered); `open()` opens it
+    at once, so that a path that cannot be written is a UserError before the first step."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._file: IO[str] | None = None
 
-    def write(self, record: StepRecord) -> None:
+    def open(self) -> "StepLogWriter":
         if self._file is None:
-            self._file = self.path.open("w", buffering=1)
-        self._file.write(json.dumps(asdict(record)) + "\n")
+            try:
+                self._file = self.path.open("w", buffering=1)
+            except OSError as e:
+                raise UserError(f"{self.path}: cannot write the step log ({e.strerror or e})") from None
+        return self
+
+    def write(self, record: StepRecord) -> None:
+        self.open()._file.write(json.dumps(asdict(record)) + "\n")
 
     def close(self) -> None:
         if self._file is not None:

@@ -30,6 +30,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 
 if TYPE_CHECKING:  # profiles are read, and numpy fits to them, only when a run refits the model
+    from slora_vtc.calibrate_steps import VllmStepModel
     from slora_vtc.profile import PrefixHitPoint, ProfilePoint
 
 TILE_QUERIES = 128  # queries of one attention tile: each cached K/V is read once per tile
@@ -194,8 +195,9 @@ TESTBEDS: dict[str, StepTimeModel] = {
 DEFAULT_TESTBED = "a10g-2024"
 
 
-def load_testbed(name: str) -> StepTimeModel:
-    """A built-in testbed by name, or a testbed file written by `slora-vtc calibrate --out`."""
+def load_testbed(name: str) -> "StepTimeModel | VllmStepModel":
+    """A built-in testbed by name, or a testbed file written by `slora-vtc calibrate --out` (from a
+    profile and a measured run, or from a step log: `"kind": "vllm-steps"`)."""
     if name in TESTBEDS:
         return TESTBEDS[name]
     path = Path(name)
@@ -205,6 +207,10 @@ def load_testbed(name: str) -> StepTimeModel:
         )
     try:
         raw = json.loads(path.read_text())
+        if isinstance(raw, dict) and raw.get("kind") == "vllm-steps":
+            from slora_vtc.calibrate_steps import VllmStepModel
+
+            return VllmStepModel.from_json(raw)
         return StepTimeModel(
             tuple(raw["prefill_coef"]),
             tuple(raw["decode_coef"]),

@@ -1,5 +1,6 @@
 """`calibrate`: fit the simulator to a cost profile and a measured run of a testbed, and say how
-well it predicts every measured run given."""
+well it predicts every measured run given; or (`--vllm-steps LOG`) fit its step time to a step log
+of vLLM (the plugin's `"step_log"`) or of our engine (`--step-log`)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -8,6 +9,8 @@ from slora_vtc.errors import UserError
 
 
 def cmd_calibrate(args) -> int:
+    if args.vllm_steps:
+        return _calibrate_from_steps(args)
     import pandas as pd
 
     from slora_vtc.backends.sim import StepTimeModel, load_testbed, save_testbed
@@ -78,6 +81,36 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _calibrate_from_steps(args) -> int:
+    from slora_vtc.calibrate_steps import fit_step_log, save_step_model
+
+    options = {"--profile": args.profile, "--measured": args.measured, "--scheduler": args.scheduler,
+               "--testbed": args.testbed}  # fmt: skip
+    given = [flag for flag, value in options.items() if value]
+    if given:
+        raise UserError(f"--vllm-steps fits a testbed from the step log alone; {given[0]} does not apply")
+    fit = fit_step_log(args.vllm_steps)
+    m = fit.model
+    print(f"step log: {args.vllm_steps} ({fit.steps} steps that computed something)")
+    print("step time (seconds):")
+    print(
+        f"  wall = {m.base_s:.3e} + {m.prefill_token_s:.3e} * prefill_tokens + {m.prefill_pair_s:.3e} * prefill_pairs"
+    )
+    print(f"         + {m.decode_req_s:.3e} * decode_reqs + {m.context_token_s:.3e} * context_tokens")
+    print(f"  gap  = {m.gap_s:.3e} per step (mean over the {fit.gap_steps} steps that decode)")
+    print(f"  the median steps' fit (median error per step {fit.median_error:.1%}) x {fit.slowdown:.3f}, so that "
+          f"the fitted wall times add up to the measured {fit.measured_wall_s:.3f} s")  # fmt: skip
+    for term in fit.unmeasured:
+        print(f"  no step had {term}: its cost is not measured and left 0")
+    for kind, (n, measured, fitted) in fit.by_kind.items():
+        print(f"  {kind:<12} {n:>7} steps: measured {measured:9.3f} s, fitted {fitted:9.3f} s "
+              f"({fitted / measured - 1:+.1%})")  # fmt: skip
+    if args.out:
+        save_step_model(fit, args.out, args.vllm_steps)
+        print(f"wrote {args.out} (use it with --testbed {args.out})")
+    return 0
+
+
 def _guess_scheduler(path: str) -> str:
     stem = Path(path).stem.split("_")[0]
     return stem if stem in ("vtc", "fcfs", "lcf") else "vtc"
@@ -104,6 +137,12 @@ def add_parsers(sub) -> None:
     )
     cal.add_argument(
         "--testbed", help="compare the measured runs with this testbed (a name or a file) instead of calibrating one"
+    )
+    cal.add_argument(
+        "--vllm-steps",
+        metavar="LOG",
+        help="fit the step time to this step log instead (vLLM's plugin `step_log`, or `--step-log` of a run; "
+        "docs/vllm.md)",
     )
     cal.add_argument("--out", help="write the calibrated testbed here (a JSON file `--testbed FILE` reads)")
     cal.set_defaults(func=cmd_calibrate)

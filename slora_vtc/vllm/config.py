@@ -11,6 +11,7 @@ log_interval_s  seconds between two log lines of counters, waiting and running p
 stats_file      where the same numbers are written as JSON (default: nowhere)
 lift            VTC's counter lift: paper (default), or running (a tenant with a request running keeps up
                 to one request's credit when its queue refills: slora_vtc/sched/vtc.py, docs/vllm.md)
+step_log        where one JSON line per engine step is written (slora_vtc/vllm/steps.py; default: nowhere)
 
 Anything else (an unknown key, a value of the wrong type, an unknown scheduler, a clients file that
 cannot be read) is a UserError whose message is one line naming it.
@@ -37,6 +38,7 @@ class PluginConfig:
     log_interval_s: float = 10.0
     stats_file: str | None = None
     lift: str = "paper"
+    step_log: str | None = None
 
     def __post_init__(self):
         for f in fields(self):

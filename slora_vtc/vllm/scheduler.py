@@ -22,6 +22,7 @@ from slora_vtc.vllm.charging import Charging
 from slora_vtc.vllm.config import PluginConfig
 from slora_vtc.vllm.queue import CachedLen, FairQueue, HoldingQueue
 from slora_vtc.vllm.stats import TenantStats
+from slora_vtc.vllm.steps import StepLog
 from slora_vtc.vllm.tracked import Requests, Tracked, Where
 from slora_vtc.vllm.victims import may_preempt, victims_last
 
@@ -38,6 +39,7 @@ class FairPolicy:
             self.fair = config.build_scheduler(config.load_clients())
             if self.policy is not SchedulingPolicy.FCFS:
                 raise UserError("--scheduling-policy must be fcfs (the plugin's scheduler decides the order)")
+            self.step_log = StepLog(config.step_log) if config.step_log else None
         except UserError as e:
             logger.error("slora_vtc: %s", e)
             raise SystemExit(f"slora_vtc: {e}") from None
@@ -74,6 +76,8 @@ class FairPolicy:
         self.charging.after_schedule(output.num_scheduled_tokens)
         end = time.perf_counter()
         self.tenant_stats.step(end - start, (before - start) + (end - after))
+        if self.step_log:
+            self.step_log.scheduled(self, output, start)
         return output
 
     def _order_running(self) -> None:
@@ -111,6 +115,8 @@ class FairPolicy:
         self._emit_rejections(outputs)
         self.tenant_stats.update_s += (middle - start) + (time.perf_counter() - resumed)
         self._report()
+        if self.step_log:
+            self.step_log.updated(scheduler_output, time.perf_counter())
         return outputs
 
     def _emit_rejections(self, outputs: dict) -> None:
@@ -143,6 +149,11 @@ class FairPolicy:
 
     def has_requests(self) -> bool:
         return bool(self.rejected) or super().has_requests()
+
+    def shutdown(self) -> None:
+        if self.step_log:
+            self.step_log.close()
+        super().shutdown()
 
     # -- reporting -------------------------------------------------------------------------------------
     def _report(self) -> None:
