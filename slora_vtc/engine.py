@@ -13,11 +13,15 @@ again with its generated tokens, to be prefilled over prompt and outputs later.
 On a simulated backend (virtual time) the decode steps between two events run as one macro-step
 with the same results (slora_vtc/macro_step.py; EngineConfig.macro_steps turns it off). `step`
 takes it when told when the next outside event comes; `run` does that unless `on_step` watches.
+
+Under `config.batching == "chunked"` every step is vLLM's instead (slora_vtc/chunked.py): a token
+budget, running requests first, waiting prompts prefilled in chunks, memory in blocks.
 """
 
 from collections.abc import Callable, Iterable
 
 from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.chunked import ChunkedBatching
 from slora_vtc.clock import Clock, VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
@@ -51,6 +55,7 @@ class Engine:
                 "it needs --admission conservative"
             )
         self.running: list[Request] = []
+        self.chunked = ChunkedBatching(self) if config.chunked else None
         self._macro = config.macro_steps and backend.decodes_ahead and isinstance(clock, VirtualClock)
         self._steps_since_admission = 0
         self._next_rid = 0
@@ -108,6 +113,8 @@ class Engine:
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
         after `until`, or earlier where single steps would stop being alike.
         """
+        if self.chunked is not None:
+            return self.chunked.step(until)
         ahead = until is not None and self._macro and bool(self.running)
         if ahead and (steps := self._alike_steps(attempt_now=True)):
             self._decode_ahead(steps, until)  # the attempt due now, if any, provably admits nothing
@@ -260,5 +267,7 @@ class Engine:
     def _end(self, req: Request, state: State, reason: str = "") -> None:
         req.state, req.reason = state, reason
         req.finish_time = self.clock.now()
+        if self.chunked is not None:
+            self.chunked.forget(req)
         if self.on_end:
             self.on_end(req)

@@ -1,0 +1,270 @@
+"""Chunked batching (slora_vtc/chunked.py) against a brute-force model of vLLM v1's step rule written
+here from vLLM's scheduler, independently of the engine; its runs end clean; its macro-steps write
+the result files single steps write; prompts charged chunk by chunk add up to one charge; bad input
+is refused in one line."""
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.backends.sim import TESTBEDS, SimBackend
+from slora_vtc.config import EngineConfig
+from slora_vtc.cost import ProfiledCost
+from slora_vtc.errors import UserError
+from slora_vtc.experiment import Experiment
+from slora_vtc.request import Request, State
+from slora_vtc.runner import run_experiment
+from slora_vtc.sched import build_scheduler
+from slora_vtc.sched.fcfs import FCFS
+from slora_vtc.sched.vtc import VTC, Lift
+from tests.helpers.engine import assert_clean, run_engine
+
+
+class StepRecorder(ModelBackend):
+    """Every step takes one second; records what each step computed: [(rid, tokens, kind), ...]."""
+
+    def __init__(self):
+        self.steps: list[list[tuple[int, int, str]]] = []
+
+    def prefill(self, reqs):
+        raise AssertionError("chunked batching has no prefill pass")
+
+    def decode(self, reqs):
+        raise AssertionError("chunked batching has no decode pass")
+
+    def mixed(self, chunks, decodes):
+        self.steps.append([(c.req.rid, c.length, "chunk") for c in chunks] + [(r.rid, 1, "decode") for r in decodes])
+        return StepResult([None] * (len(chunks) + len(decodes)), 1.0)
+
+
+# -- the brute-force model ------------------------------------------------------------------------
+@dataclass
+class Seq:
+    rid: int
+    arrival: float
+    prompt: int
+    out: int
+    generated: int = 0
+    computed: int = 0  # positions with K/V
+    prefilling: bool = True
+
+
+def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
+    """vLLM v1's schedule() with FCFS, no prefix cache, one second per step: running requests first
+    (each its remaining prefill or its decode token, within the budget; when its new blocks are not
+    free, preempt the latest arrival not yet scheduled this step, until it fits or is itself
+    preempted); then, if nothing was preempted, waiting requests in arrival order while the budget,
+    the sequence cap and the free blocks allow. Returns the steps and each request's end."""
+    blocks = pool // block
+    seqs = [Seq(rid, a, p, o) for rid, (a, p, o) in enumerate(shapes)]
+    pending = list(seqs)
+    waiting: list[Seq] = []
+    running: list[Seq] = []
+    steps, ended = [], {}
+    t = 0.0
+
+    def held(s: Seq) -> int:
+        return math.ceil(s.computed / block)
+
+    def free() -> int:
+        return blocks - sum(held(s) for s in running)
+
+    while pending or waiting or running:
+        while pending and pending[0].arrival <= t:
+            s = pending.pop(0)
+            if math.ceil((s.prompt + s.out - 1) / block) > blocks:
+                ended[s.rid] = ("rejected", t)
+            else:
+                waiting.append(s)
+        step, left, preempted, i = [], budget, False, 0
+        while i < len(running) and left > 0:
+            s = running[i]
+            n = min(s.prompt + s.generated - s.computed, left)
+            need = math.ceil((s.computed + n) / block) - held(s)
+            gone = False
+            while need > free():
+                victim = max(running[i:], key=lambda r: (r.arrival, r.rid))
+                running.remove(victim)
+                victim.computed, victim.prefilling = 0, True
+                waiting.append(victim)
+                waiting.sort(key=lambda r: (r.arrival, r.rid))
+                preempted = True
+                if victim is s:
+                    gone = True
+                    break
+            if gone:
+                break
+            s.computed += n
+            step.append((s.rid, n, "chunk" if s.prefilling else "decode"))
+            left -= n
+            i += 1
+        while not preempted and left > 0 and waiting and len(running) < max_seqs:
+            s = waiting[0]
+            n = min(s.prompt + s.generated, left)
+            if math.ceil(n / block) > free():
+                break
+            waiting.pop(0)
+            running.append(s)
+            s.computed = n
+            step.append((s.rid, n, "chunk"))
+            left -= n
+        if not step:
+            assert not (waiting or running), "the step rule left work undone with nothing scheduled"
+            if pending:
+                t = pending[0].arrival
+            continue
+        t += 1.0
+        # a mixed step lists its chunks, then its decodes (ModelBackend.mixed), each in scheduling order
+        steps.append([e for e in step if e[2] == "chunk"] + [e for e in step if e[2] == "decode"])
+        for rid, _, kind in step:
+            s = seqs[rid]
+            if kind == "chunk" and s.computed < s.prompt + s.generated:
+                continue
+            s.prefilling = False
+            s.generated += 1
+            if s.generated == s.out:
+                running.remove(s)
+                ended[rid] = ("finished", t)
+    return steps, ended
+
+
+shape = st.tuples(st.integers(0, 40).map(lambda x: x / 2), st.integers(1, 60), st.integers(1, 30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shapes=st.lists(shape, min_size=1, max_size=12).map(lambda s: sorted(s, key=lambda x: x[0])),
+    block=st.sampled_from([1, 2, 4, 16]),
+    budget_blocks=st.integers(1, 8),
+    max_seqs=st.integers(1, 6),
+    pool=st.integers(16, 200),
+)
+@example(shapes=[(0.0, 40, 5), (0.0, 40, 5), (0.0, 40, 5)], block=4, budget_blocks=4, max_seqs=3, pool=100)
+def test_the_engine_schedules_what_vllms_step_rule_schedules(shapes, block, budget_blocks, max_seqs, pool):
+    budget = block * budget_blocks
+    expected_steps, expected_ends = brute_force(shapes, budget, max_seqs, pool, block)
+    backend = StepRecorder()
+    requests = [Request(f"c{i % 3}", p, o, a, rid=i) for i, (a, p, o) in enumerate(shapes)]
+    engine, _ = run_engine(
+        FCFS(), requests, backend, pool_tokens=pool, batching="chunked",
+        max_num_batched_tokens=budget, max_num_seqs=max_seqs, block_size=block,
+    )  # fmt: skip
+    assert backend.steps == expected_steps
+    assert {r.rid: (r.state.value, r.finish_time) for r in requests} == expected_ends
+    assert_clean(engine, requests)
+
+
+# -- runs of the simulator ------------------------------------------------------------------------
+SIM_CASES = [
+    ("overload", "vtc", {}),
+    ("overload", "fcfs", {}),
+    ("overload_weighted", "wvtc:1,2,3,4", {}),
+    ("overload", "vtc", {"cost": "profile"}),
+    ("real", "vtc", {"horizon": 200.0}),
+    ("dist_shift", "lcf", {}),
+    ("prefix_qa", "lpm", {"prefix_cache": True}),
+    ("prefix_chat", "dlpm:8000", {"prefix_cache": True}),
+    ("prefix_judge", "vtc", {"prefix_cache": True, "charge_cached": 0.0}),
+]
+
+
+def chunked_experiment(suite: str, scheduler: str, extra: dict, **chunked) -> Experiment:
+    duration = 60.0 if suite in ("overload", "overload_weighted", "dist_shift") else None
+    return Experiment.of(suite=suite, scheduler=scheduler, duration=duration, batching="chunked", **chunked, **extra)
+
+
+@pytest.mark.parametrize("suite,scheduler,extra", SIM_CASES, ids=[f"{s}-{p}" for s, p, _ in SIM_CASES])
+def test_macro_steps_write_the_result_file_of_single_steps(suite, scheduler, extra, tmp_path):
+    exp = chunked_experiment(suite, scheduler, extra)
+    single, macro = run_experiment(exp, macro_steps=False), run_experiment(exp, macro_steps=True)
+    single.save(tmp_path / "single.jsonl")
+    macro.save(tmp_path / "macro.jsonl")
+    assert (tmp_path / "single.jsonl").read_bytes() == (tmp_path / "macro.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_a_simulated_run_ends_clean(prefix_cache):
+    suite = "prefix_chat" if prefix_cache else "overload"
+    exp = chunked_experiment(suite, "vtc", {"prefix_cache": prefix_cache}, max_num_batched_tokens=256)
+    workload = exp.workload.build()
+    requests = exp.requests(workload)
+    scheduler = build_scheduler("vtc", list(workload.clients))
+    config = exp.engine_config()
+    backend = SimBackend(TESTBEDS["a10g-2024"])
+    engine, ended = run_engine(scheduler, requests, backend, base=config)
+    engine.memory.flush()
+    assert_clean(engine, requests)
+    assert len(ended) == len(requests)
+    assert any(r.preemptions for r in requests) or prefix_cache  # overload on 10,000 tokens preempts
+
+
+# -- charging ------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.integers(0, 20), st.integers(1, 300), st.integers(1, 40), st.sampled_from("abc")),
+        min_size=1,
+        max_size=10,
+    ),
+    budget=st.integers(16, 128),
+    pool=st.integers(400, 1200),
+)
+def test_chunk_charges_add_up_to_one_charge_per_request(shapes, budget, pool):
+    """LCF (no lift) with the profiled cost, whose h(x, 0) is not linear in x: whatever the chunks and
+    preemptions, each client's counter ends at the sum of h(x, y) over its finished requests."""
+    cost = ProfiledCost()
+    requests = [Request(c, p, o, a, rid=i) for i, (a, p, o, c) in enumerate(sorted(shapes))]
+    scheduler = VTC(cost=cost, lift=Lift.NONE)
+    engine, _ = run_engine(
+        scheduler, requests, StepRecorder(), pool_tokens=pool, batching="chunked",
+        max_num_batched_tokens=budget, block_size=16,
+    )  # fmt: skip
+    assert_clean(engine, requests)
+    for client in {r.client for r in requests}:
+        mine = [r for r in requests if r.client == client and r.state is State.FINISHED]
+        expected = sum(cost(r.prompt_len, r.max_new_tokens) for r in mine)
+        assert scheduler.counter_of(client) == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+class ChargingWithoutLedger(FCFS):
+    """A scheduler that charges prompts but keeps no counters to refund them."""
+
+    def on_prefill(self, req, computed, cached, now):
+        return float(computed)
+
+
+def test_a_scheduler_that_cannot_refund_a_chunk_is_refused():
+    requests = [Request("a", 100, 4, 0.0)]
+    with pytest.raises(UserError, match="ChargingWithoutLedger charges prompts but keeps no ledger"):
+        run_engine(ChargingWithoutLedger(), requests, StepRecorder(), batching="chunked", max_num_batched_tokens=32)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"batching": "paged"}, "unknown batching 'paged' (known: slora, chunked)"),
+        ({"max_num_batched_tokens": 8}, "max_num_batched_tokens (8) is smaller than a block (block_size 16)"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be positive, got 0"),
+        ({"block_size": -1}, "block_size must be positive, got -1"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be positive, got 0"),
+        ({"batching": "chunked", "pool_tokens": 8}, "a pool of 8 tokens is smaller than a block (block_size 16)"),
+    ],
+)
+def test_bad_engine_settings_are_one_line(settings, message):
+    with pytest.raises(UserError) as e:
+        replace(EngineConfig(), **settings)
+    assert str(e.value) == message
+
+
+def test_a_request_that_never_fits_in_blocks_is_rejected():
+    """Under chunked batching the prompt has no cap, but the K/V of every token but the last, in whole
+    blocks, must fit: 40 + 9 - 1 = 48 tokens are three blocks of 16; a pool of 47 holds two."""
+    fits, too_big = Request("a", 40, 9, 0.0), Request("a", 40, 9, 0.0)
+    _, ended = run_engine(FCFS(), [fits], StepRecorder(), pool_tokens=48, batching="chunked")
+    _, ended2 = run_engine(FCFS(), [too_big], StepRecorder(), pool_tokens=47, batching="chunked")
+    assert fits.state is State.FINISHED and too_big.state is State.REJECTED
