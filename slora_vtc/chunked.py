@@ -89,8 +89,8 @@ class ChunkedBatching:
             self._decode_ahead(steps, until)
             return True
         plan = self._schedule()
-        if not plan:
-            return False
+        if not plan:  # nothing to compute; a step that only preempted still changed something
+            return plan.preempted > 0
         self._charge(plan)
         self._run(plan)
         return True
