@@ -30,7 +30,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request, State
 from slora_vtc.sched.prompt_charge import CannotRefund, PromptProgress
-from slora_vtc.steplog import StepLogWriter, StepRecord
+from slora_vtc.step_logger import StepWork
 
 if TYPE_CHECKING:
     from slora_vtc.engine import Engine
@@ -75,17 +75,13 @@ class ChunkedBatching:
         self.computed: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), running only
         self.prefilling: set[int] = set()  # rids of running requests whose prefill is not complete
         self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
-        self.step_log: StepLogWriter | None = None
-        self._steps = 0
-        self._log_start: float | None = None
-        self._last_end: float | None = None
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
         )
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None) -> bool:
-        if until is not None and self._macro and self.step_log is None and (steps := self._alike_steps()):
+        if until is not None and self._macro and self.engine.step_log is None and (steps := self._alike_steps()):
             self._decode_ahead(steps, until)
             return True
         plan = self._schedule()
@@ -217,7 +213,7 @@ class ChunkedBatching:
                 self.prefilling.discard(req.rid)
                 completed.append(req)
             req.append_token(token, now)
-        if self.step_log is not None:
+        if self.engine.step_log is not None:
             self._log(plan, start, result.elapsed)
         for req in [r for r in batch if r.rid in failed]:
             eng.abort(req, "the model failed on this request", keep_cache=False)
@@ -225,28 +221,16 @@ class ChunkedBatching:
         eng._retire([r for r in batch if r.state is State.RUNNING])
 
     def _log(self, plan: Plan, start: float, elapsed: float) -> None:
-        if self._log_start is None:
-            self._log_start = start
-        gap = 0.0 if self._last_end is None or self.engine.backend.simulated else start - self._last_end
-        self._last_end = start + elapsed
-        memory = self.engine.memory
-        adapters = sum(memory.slots_of(a) for a in memory.adapters)
-        record = StepRecord(
-            step=self._steps,
-            t=start - self._log_start,
-            wall_s=elapsed,
-            gap_s=max(0.0, gap),
+        work = StepWork(
             prefill_tokens=sum(c.length for c in plan.chunks),
             prefill_pairs=sum(c.length * c.start for c in plan.chunks),
             prefill_reqs=len(plan.chunks),
             cached_tokens=sum(r.cached_len for r in plan.started),
             decode_reqs=len(plan.decodes),
-            context_tokens=sum(r.prompt_len + r.generated for r in plan.decodes),
-            kv_tokens=memory.pool.num_used - adapters,
+            context_tokens=sum(r.prompt_len + r.generated - 1 for r in plan.decodes),
             preempted=plan.preempted,
         )
-        self._steps += 1
-        self.step_log.write(record)
+        self.engine.step_log.step(start, elapsed, work)
 
     # -- macro-steps (simulator) ---------------------------------------------------------------------
     def _alike_steps(self) -> int:

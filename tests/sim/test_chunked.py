@@ -17,10 +17,13 @@ from slora_vtc.cost import ProfiledCost
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request, State
+from slora_vtc.results import read_results
 from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
 from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.vtc import VTC, Lift
+from slora_vtc.steplog import read_step_log
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.engine import assert_clean, run_engine
 
 
@@ -274,3 +277,58 @@ def test_a_request_that_never_fits_in_blocks_is_rejected():
     _, ended = run_engine(FCFS(), [fits], StepRecorder(), pool_tokens=48, batching="chunked")
     _, ended2 = run_engine(FCFS(), [too_big], StepRecorder(), pool_tokens=47, batching="chunked")
     assert fits.state is State.FINISHED and too_big.state is State.REJECTED
+
+
+CHUNKED = ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10", "--batching", "chunked"]
+
+
+@pytest.mark.parametrize(
+    "extra,parts",
+    [
+        (["--max-num-batched-tokens", "8"], ["max_num_batched_tokens (8) is smaller than a block (block_size 16)"]),
+        (["--max-num-batched-tokens", "32", "--block-size", "64"], ["smaller than a block (block_size 64)"]),
+        (["--max-num-seqs", "0"], ["max_num_seqs must be positive, got 0"]),
+        (["--block-size", "0"], ["block_size must be positive, got 0"]),
+        (["--pool-tokens", "300"], ["cannot hold a single request"]),
+        (["--replicas", "2", "--step-log", "STEPS"], ["--step-log", "--replicas"]),
+    ],
+)
+def test_bad_chunked_input_on_the_cli_is_one_line(capsys, tmp_path, extra, parts):
+    extra = [str(tmp_path / "steps.jsonl") if a == "STEPS" else a for a in extra]
+    code, _, err = run_cli(capsys, *CHUNKED, *extra, "--out", tmp_path / "r.jsonl")
+    assert_one_line_error(code, err, *parts)
+
+
+def test_the_step_log_has_a_record_per_step_that_adds_up(capsys, tmp_path):
+    """--step-log: one record per forward pass; the prompt tokens it says were computed are the
+    workload's (nothing cached, nothing preempted on a pool this large), the decodes one per token
+    but the prefill's, and the step times add up to the run's end."""
+    steps_file = tmp_path / "steps.jsonl"
+    code, _, err = run_cli(
+        capsys, *CHUNKED, "--pool-tokens", "60000", "--max-num-batched-tokens", "512",
+        "--step-log", steps_file, "--out", tmp_path / "r.jsonl",
+    )  # fmt: skip
+    assert code == 0, err
+    steps = read_step_log(steps_file)
+    result = read_results(tmp_path / "r.jsonl")[0]
+    finished = [r for r in result.responses if r.status == "finished"]
+    assert len(finished) == len(result.responses)
+    assert [s.step for s in steps] == list(range(len(steps)))
+    assert all(s.prefill_tokens + s.decode_reqs <= 512 and s.preempted == 0 and s.gap_s == 0 for s in steps)
+    assert sum(s.prefill_tokens for s in steps) == sum(r.prompt_len + 1 for r in finished)  # + the BOS
+    assert sum(s.decode_reqs for s in steps) == sum(r.output_len - 1 for r in finished)
+    last, first_arrival = steps[-1], min(r.req_time for r in finished)  # the first step starts at it
+    assert last.t + last.wall_s == pytest.approx(result.total_time - first_arrival, rel=1e-9)
+    assert all(b.t == pytest.approx(a.t + a.wall_s, abs=1e-9) or b.t > a.t + a.wall_s for a, b in zip(steps, steps[1:]))
+
+
+def test_the_slora_loop_logs_its_steps_too(capsys, tmp_path):
+    steps_file = tmp_path / "steps.jsonl"
+    code, _, err = run_cli(capsys, *CHUNKED[:-2], "--step-log", steps_file, "--out", tmp_path / "r.jsonl")
+    assert code == 0, err
+    steps = read_step_log(steps_file)
+    result = read_results(tmp_path / "r.jsonl")[0]
+    finished = [r for r in result.responses if r.status == "finished"]
+    assert all((s.prefill_reqs == 0) != (s.decode_reqs == 0) for s in steps)  # S-LoRA: never mixed
+    assert sum(s.prefill_tokens for s in steps) == sum(r.prompt_len + 1 for r in finished)
+    assert sum(s.decode_reqs for s in steps) == sum(r.output_len - 1 for r in finished)

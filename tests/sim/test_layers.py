@@ -12,7 +12,7 @@ LAYERS = [
     {"request", "workload", "results", "profile", "cost", "config", "clock", "errors", "specs", "segments", "data",
      "hf_tokenizer", "progress", "steplog"},  # records, a progress bar, the step log
     {"memory", "sched", "model"},  # the pool, the schedulers, a model's math and its records
-    {"engine", "chunked", "macro_step", "builder", "backends"},  # the engine
+    {"engine", "chunked", "step_logger", "macro_step", "builder", "backends"},  # the engine
     {"cluster"},  # replicas behind routers
     {"experiment", "runner", "suites", "traces", "metrics", "summary", "calibrate", "figures", "docs", "sweep",
      "plugins", "realrun"},  # experiments
