@@ -6,10 +6,11 @@ they were scheduled: a decode takes one token, a request still in its prefill it
 of the rest of its prefill as the budget leaves. Then, unless this step preempted, waiting requests
 in the scheduler's order (peek, pop), each taking what is left of the budget, while fewer than
 `max_num_seqs` run. Memory is allocated in blocks of `block_size` tokens for the tokens a step
-computes. When a running request cannot get its blocks, the scheduler's victim (`choose_victim`,
-among the running requests not yet scheduled this step) is preempted by recompute, again until the
-request fits or is itself the victim, which ends the running pass. A waiting request that cannot get
-its blocks ends the waiting pass (head-of-line, as vLLM).
+computes. When a running request cannot get its blocks, the scheduler's victim (`choose_victim`
+among every running request) is preempted by recompute, again until the request fits or is itself
+the victim, which ends the running pass; a victim already scheduled this step is taken back, its
+tokens returned to the budget (what vLLM does when its priority policy chooses victims). A waiting
+request that cannot get its blocks ends the waiting pass (head-of-line, as vLLM).
 
 Charges, as the vLLM plugin charges inside vLLM (sched/prompt_charge.py): after scheduling, each
 prompt chunk reports the prefill so far and the report before it is refunded; a request back from a
@@ -60,6 +61,15 @@ class Plan:
 
     def __bool__(self) -> bool:
         return bool(self.chunks or self.decodes)
+
+    def take_back(self, req: Request) -> int:
+        """Unschedule a running request preempted after it was scheduled; the tokens it had."""
+        for chunk in self.chunks:
+            if chunk.req is req:
+                self.chunks.remove(chunk)
+                return chunk.length
+        self.decodes.remove(req)
+        return 1
 
 
 class ChunkedBatching:
@@ -114,7 +124,10 @@ class ChunkedBatching:
             n = min(req.prefill_len - done, budget)  # a decode: prefill_len - done = 1
             slots = self._slots(req, done, n)
             while slots > memory.available:
-                victim = eng.scheduler.choose_victim(eng.running[i:], eng.clock.now())
+                victim = eng.scheduler.choose_victim(eng.running, eng.clock.now())
+                if eng.running.index(victim) < i:  # scheduled already this step: taken back
+                    i -= 1
+                    budget += plan.take_back(victim)
                 self._preempt(victim)
                 plan.preempted += 1
                 if victim is req:

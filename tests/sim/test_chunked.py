@@ -59,11 +59,12 @@ class Seq:
 def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
     """vLLM v1's schedule() with FCFS, no prefix cache, one second per step: running requests first
     (each its remaining prefill or its decode token, within the budget; when its new blocks are not
-    free, preempt the latest arrival not yet scheduled this step, until it fits or is itself
-    preempted); then, if nothing was preempted, waiting requests in arrival order while the budget,
-    the sequence cap and the free blocks allow; a step that scheduled nothing runs no forward pass.
-    The victim rule is the engine's default scheduler's (the latest arrival), not vLLM's (the last in
-    its running list), so that a test can compare. Returns the steps and each request's end."""
+    free, preempt the latest arrival that runs, taking back its tokens if it was scheduled this
+    step, until it fits or is itself preempted, as vLLM's priority policy does); then, if nothing was
+    preempted, waiting requests in arrival order while the budget, the sequence cap and the free
+    blocks allow; a step that scheduled nothing runs no forward pass. The victim rule is the
+    engine's default scheduler's (the latest arrival), not vLLM's FCFS policy's (the last in its
+    running list), so that a test can compare. Returns the steps and each request's end."""
     blocks = pool // block
     seqs = [Seq(rid, a, p, o) for rid, (a, p, o) in enumerate(shapes)]
     pending = list(seqs)
@@ -92,7 +93,13 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
             need = math.ceil((s.computed + n) / block) - held(s)
             gone = False
             while need > free():
-                victim = max(running[i:], key=lambda r: (r.arrival, r.rid))
+                victim = max(running, key=lambda r: (r.arrival, r.rid))
+                at = running.index(victim)
+                if at < i:  # scheduled already: take its tokens back
+                    i -= 1
+                    entry = next(e for e in step if e[0] == victim.rid)
+                    step.remove(entry)
+                    left += entry[1]
                 running.remove(victim)
                 victim.computed, victim.prefilling = 0, True
                 waiting.append(victim)
