@@ -24,7 +24,7 @@ from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.vtc import VTC, Lift
 from slora_vtc.steplog import read_step_log
 from tests.helpers.cli import assert_one_line_error, run_cli
-from tests.helpers.engine import assert_clean, run_engine
+from tests.helpers.engine import assert_clean, make_engine, run_engine
 
 
 class StepRecorder(ModelBackend):
@@ -339,3 +339,75 @@ def test_the_slora_loop_logs_its_steps_too(capsys, tmp_path):
     assert all((s.prefill_reqs == 0) != (s.decode_reqs == 0) for s in steps)  # S-LoRA: never mixed
     assert sum(s.prefill_tokens for s in steps) == sum(r.prompt_len + 1 for r in finished)
     assert sum(s.decode_reqs for s in steps) == sum(r.output_len - 1 for r in finished)
+
+
+# -- VTC's bound under chunked prefill (docs/design.md, "Chunked batching") ------------------------
+W_P, W_Q, POOL = 1, 2, 600
+
+
+def chunked_bound(requests, max_seqs: int, block: int) -> float:
+    """N * (w_p * L_in + w_q * L_out), N = min(max_num_seqs, pool // block_size): at most N requests
+    of the leading client run, and it is charged for nothing else while it leads."""
+    n = min(max_seqs, POOL // block)
+    return n * (W_P * max(r.prompt_len for r in requests) + W_Q * max(r.max_new_tokens for r in requests))
+
+
+def backlogged_gaps(spec, requests, budget, max_seqs, block):
+    """Counter and delivered-service gaps of the two clients after each step in which both wait."""
+    sched = build_scheduler(spec, ["a", "b"])
+    engine = make_engine(
+        sched, StepRecorder(), pool_tokens=POOL, batching="chunked",
+        max_num_batched_tokens=budget, max_num_seqs=max_seqs, block_size=block,
+    )  # fmt: skip
+    gaps = []
+
+    def on_step():
+        if {r.client for r in requests if r.state is State.WAITING} == {"a", "b"}:
+            counters = abs(sched.counter_of("a") - sched.counter_of("b")) if sched.traits.ledger else None
+            gaps.append(counters)
+
+    engine.run(requests, on_step=on_step)
+    assert all(r.state is State.FINISHED for r in requests)
+    return gaps
+
+
+@st.composite
+def two_backlogged_clients(draw):
+    requests = []
+    for client in "ab":
+        n = draw(st.integers(5, 40))
+        p_hi, o_hi = draw(st.integers(1, 200)), draw(st.integers(1, 200))
+        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
+        requests += [Request(client, p, o, 0.0) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
+    return draw(st.permutations(requests))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    requests=two_backlogged_clients(),
+    budget=st.sampled_from([16, 32, 64, 128, 256, 512]),
+    max_seqs=st.integers(1, 4),
+    block=st.sampled_from([1, 16]),
+)
+def test_vtc_keeps_backlogged_clients_within_the_chunked_bound(requests, budget, max_seqs, block):
+    limit = chunked_bound(requests, max_seqs, block)
+    assert all(gap <= limit for gap in backlogged_gaps("vtc", requests, budget, max_seqs, block))
+
+
+def test_fcfs_breaks_the_chunked_bound():
+    """Client b sends twice as fast as a, all far above capacity: FCFS serves b twice as much."""
+    a = [Request("a", 100, 100, 0.002 * k) for k in range(40)]
+    b = [Request("b", 100, 100, 0.001 * k + 0.0005) for k in range(80)]
+    sched = build_scheduler("fcfs", ["a", "b"])
+    delivered = {"a": 0, "b": 0}
+    gaps = []
+
+    def on_step():
+        for c in delivered:
+            delivered[c] = sum(W_P * r.prompt_len + W_Q * r.generated for r in a + b if r.client == c and r.generated)
+        if {r.client for r in a + b if r.state is State.WAITING} == {"a", "b"}:
+            gaps.append(abs(delivered["a"] - delivered["b"]))
+
+    engine = make_engine(sched, StepRecorder(), pool_tokens=POOL, batching="chunked", max_num_seqs=2)
+    engine.run(a + b, on_step=on_step)
+    assert max(gaps) > 2 * chunked_bound(a + b, 2, 16)
