@@ -248,35 +248,56 @@ class ChunkedBatching:
     # -- macro-steps (simulator) ---------------------------------------------------------------------
     def _alike_steps(self) -> int:
         """Pure decode steps from now that single steps would run alike: nothing in prefill, every
-        running request decoding within the budget, nothing the waiting pass could admit, no
-        request short of a block (no preemption; with the prefix cache, no eviction either)."""
+        running request decoding within the budget, no request short of a block (no preemption;
+        with the prefix cache, no eviction either), and nothing admitted from the waiting queue:
+        none can be (the budget or the sequence cap is used up, or not a block is free), or the
+        request the scheduler would try at each step (`LookAhead.heads`) provably does not fit."""
         eng, config, memory = self.engine, self.config, self.engine.memory
         running = eng.running
         n = len(running)
         if not n or self.prefilling or n > config.max_num_batched_tokens:
             return 0
-        if (
-            eng.scheduler.num_waiting()
-            and n < config.max_num_batched_tokens
-            and n < config.max_num_seqs
-            and memory.available >= config.block_size
-        ):
-            return 0
         steps = min(r.max_new_tokens - r.generated for r in running)  # the step in which one finishes is the last
         room = memory.pool.num_free if memory.cache is not None else memory.available
-        own = [self.computed[r.rid] - r.cached_len for r in running]
-        lo, hi = 0, steps  # the most steps whose blocks fit the room
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._blocks_for(own, mid) <= room:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        computed, round_up = self.computed, config.round_up
+        spare = [round_up(o) - o for o in (computed[r.rid] - r.cached_len for r in running)]
+        if self._slots_for(spare, steps) > room:
+            lo, hi = 0, steps - 1  # the most steps whose blocks fit the room
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._slots_for(spare, mid) <= room:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+        admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= config.block_size
+        if steps and admits and eng.scheduler.num_waiting():
+            steps = min(steps, self._until_admission(spare, steps, config.max_num_batched_tokens - n))
+        return steps
 
-    def _blocks_for(self, own: list[int], steps: int) -> int:
-        round_up = self.config.round_up
-        return sum(round_up(o + steps) - round_up(o) for o in own)
+    def _until_admission(self, spare: list[int], steps: int, budget: int) -> int:
+        """The decode steps before the first at which the waiting pass might admit its head (steps if
+        at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
+        leaves available, which only falls: a head that does not fit at its first step never does."""
+        eng, memory = self.engine, self.engine.memory
+        view = CacheView(memory)
+        heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
+        if heads is None:
+            return 0
+        available = memory.available
+        for s, req in heads:
+            if s >= steps:
+                break
+            need = self.config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
+            if need <= available - self._slots_for(spare, s + 1):
+                return s
+        return steps
+
+    def _slots_for(self, spare: list[int], steps: int) -> int:
+        """Slots `steps` decode steps take, each request holding `spare` unwritten slots in its last
+        block: it takes a block at step spare + 1, then every block_size steps."""
+        bs = self.config.block_size
+        return bs * sum((steps - 1 - p) // bs + 1 for p in spare if p < steps)
 
     def _decode_ahead(self, steps: int, until: float) -> None:
         eng = self.engine
