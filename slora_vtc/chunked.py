@@ -117,13 +117,17 @@ class ChunkedBatching:
 
     def _schedule_running(self, plan: Plan, budget: int) -> int:
         eng, memory = self.engine, self.engine.memory
+        computed, prefilling, block = self.computed, self.prefilling, self.config.block_size
         i = 0
         while i < len(eng.running) and budget > 0:
             req = eng.running[i]
-            done = self.computed[req.rid]
-            n = min(req.prefill_len - done, budget)  # a decode: prefill_len - done = 1
-            slots = self._slots(req, done, n)
-            while slots > memory.available:
+            done = computed[req.rid]
+            if req.rid in prefilling:
+                n = min(req.prefill_len - done, budget)
+                slots = self._slots(req, done, n)
+            else:  # a decode: one token, a new block when its last one is full
+                n, slots = 1, 0 if (done - req.cached_len) % block else block
+            while slots and slots > memory.available:
                 victim = eng.scheduler.choose_victim(eng.running, eng.clock.now())
                 if eng.running.index(victim) < i:  # scheduled already this step: taken back
                     i -= 1
@@ -135,8 +139,8 @@ class ChunkedBatching:
             if req.state is not State.RUNNING:
                 break
             memory.grow(req, n, slots)
-            self.computed[req.rid] = done + n
-            if req.rid in self.prefilling:
+            computed[req.rid] = done + n
+            if req.rid in prefilling:
                 plan.chunks.append(Chunk(req, done, n))
             else:
                 plan.decodes.append(req)
