@@ -8,6 +8,7 @@ from slora_vtc.errors import UserError
 DEFAULT_POOL_TOKENS = 10_000  # A10G 24 GB with Llama-7B, as in the paper
 MAX_REQ_TOTAL_LEN = 3072  # S-LoRA's default max_req_total_len (2048 + 1024)
 ADMISSIONS = ("conservative", "optimistic")  # S-LoRA's worst-case reservation; vLLM's admit-while-free with preemption
+BATCHINGS = ("slora", "chunked")  # S-LoRA's separate prefill and decode passes; vLLM's chunked prefill
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class EngineConfig:
     prefix_cache: bool = False  # share K/V of common prompt prefixes through a radix tree in the pool
     admission: str = "conservative"  # or "optimistic": admit while slots are free, preempt by recompute when short
     macro_steps: bool = True  # simulator: run decode steps that single steps would run alike at once (same results)
+    batching: str = "slora"  # or "chunked": vLLM's token budget per step, prompts prefilled in chunks (chunked.py)
+    max_num_batched_tokens: int = 2048  # chunked: tokens one step computes (vLLM's default on a GPU)
+    max_num_seqs: int = 256  # chunked: requests running at once (vLLM's default on a GPU)
+    block_size: int = 16  # chunked: tokens per KV block, the unit memory is allocated in (vLLM's default)
 
     def __post_init__(self):
         if self.pool_tokens <= 0:
@@ -34,6 +39,31 @@ class EngineConfig:
             raise UserError(f"unknown admission '{self.admission}' (known: {', '.join(ADMISSIONS)})")
         if self.adapter_row_slots < 1:
             raise UserError(f"adapter_row_slots must be at least 1, got {self.adapter_row_slots}")
+        self._check_batching()
+
+    def _check_batching(self) -> None:
+        if self.batching not in BATCHINGS:
+            raise UserError(f"unknown batching '{self.batching}' (known: {', '.join(BATCHINGS)})")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise UserError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than a block "
+                f"(block_size {self.block_size})"
+            )
+        if self.batching == "chunked" and self.pool_tokens < self.block_size:
+            raise UserError(
+                f"a pool of {self.pool_tokens} tokens is smaller than a block (block_size {self.block_size})"
+            )
+
+    @property
+    def chunked(self) -> bool:
+        return self.batching == "chunked"
+
+    def round_up(self, tokens: int) -> int:
+        """Chunked batching: the slots `tokens` tokens take in whole blocks of block_size."""
+        return -(-tokens // self.block_size) * self.block_size
 
     @property
     def batch_max_tokens(self) -> int:

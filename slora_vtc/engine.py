@@ -13,11 +13,15 @@ again with its generated tokens, to be prefilled over prompt and outputs later.
 On a simulated backend (virtual time) the decode steps between two events run as one macro-step
 with the same results (slora_vtc/macro_step.py; EngineConfig.macro_steps turns it off). `step`
 takes it when told when the next outside event comes; `run` does that unless `on_step` watches.
+
+Under `config.batching == "chunked"` every step is vLLM's instead (slora_vtc/chunked.py): a token
+budget, running requests first, waiting prompts prefilled in chunks, memory in blocks.
 """
 
 from collections.abc import Callable, Iterable
 
 from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.chunked import ChunkedBatching
 from slora_vtc.clock import Clock, VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.errors import UserError
@@ -25,6 +29,8 @@ from slora_vtc.macro_step import alike_steps
 from slora_vtc.memory import Budget, MemoryManager, fits_alone
 from slora_vtc.request import Request, State
 from slora_vtc.sched.base import Scheduler
+from slora_vtc.step_logger import StepLogger, StepWork
+from slora_vtc.steplog import StepLogWriter
 
 EndHook = Callable[[Request], None]
 
@@ -51,6 +57,8 @@ class Engine:
                 "it needs --admission conservative"
             )
         self.running: list[Request] = []
+        self.step_log: StepLogger | None = None  # log_steps: one record per forward pass
+        self.chunked = ChunkedBatching(self) if config.chunked else None
         self._macro = config.macro_steps and backend.decodes_ahead and isinstance(clock, VirtualClock)
         self._steps_since_admission = 0
         self._next_rid = 0
@@ -100,6 +108,10 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.running) or self.scheduler.num_waiting() > 0
 
+    def log_steps(self, path: str) -> None:
+        """Write one step record per forward pass to `path` (slora_vtc/steplog.py); single steps only."""
+        self.step_log = StepLogger(StepLogWriter(path), self.memory, self.backend.simulated)
+
     # -- the loop -------------------------------------------------------------------------
     def step(self, until: float | None = None) -> bool:
         """One forward pass; returns False when there was nothing the engine could run.
@@ -108,7 +120,9 @@ class Engine:
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
         after `until`, or earlier where single steps would stop being alike.
         """
-        ahead = until is not None and self._macro and bool(self.running)
+        if self.chunked is not None:
+            return self.chunked.step(until)
+        ahead = until is not None and self._macro and bool(self.running) and self.step_log is None
         if ahead and (steps := self._alike_steps(attempt_now=True)):
             self._decode_ahead(steps, until)  # the attempt due now, if any, provably admits nothing
             return True
@@ -174,20 +188,33 @@ class Engine:
             if req.first_admitted is None:
                 req.first_admitted = now
         self.running.extend(batch)
-        self._apply(batch, self.backend.prefill(batch))
+        result = self.backend.prefill(batch)
+        if self.step_log is not None:
+            extend = [r.prefill_len - r.cached_len for r in batch]
+            work = StepWork(sum(extend), sum(e * r.cached_len for e, r in zip(extend, batch)), len(batch),
+                            sum(r.cached_len for r in batch))  # fmt: skip
+            self.step_log.step(now, result.elapsed, work)
+        self._apply(batch, result)
         self.memory.cache_prefill(r for r in batch if r.state is State.RUNNING)
         self._steps_since_admission = 0
         self._retire(batch)
 
     def _decode(self) -> None:
         # conservative admission guarantees the slots (PoolExhausted otherwise: a bug, never hidden)
+        preempted = 0
         while self.config.admission == "optimistic" and self.memory.available < len(self.running):
             self._preempt(self.scheduler.choose_victim(self.running, self.clock.now()))
+            preempted += 1
         if not self.running:
             return
         self.scheduler.on_decode_step(self.running, self.clock.now())
         self.memory.extend(self.running)
-        self._apply(self.running, self.backend.decode(self.running))
+        result = self.backend.decode(self.running)
+        if self.step_log is not None:
+            context = sum(r.prompt_len + r.generated for r in self.running)
+            work = StepWork(decode_reqs=len(self.running), context_tokens=context, preempted=preempted)
+            self.step_log.step(self.clock.now(), result.elapsed, work)
+        self._apply(self.running, result)
         self._steps_since_admission += 1
         self._retire(self.running)
 
@@ -260,5 +287,7 @@ class Engine:
     def _end(self, req: Request, state: State, reason: str = "") -> None:
         req.state, req.reason = state, reason
         req.finish_time = self.clock.now()
+        if self.chunked is not None:
+            self.chunked.forget(req)
         if self.on_end:
             self.on_end(req)

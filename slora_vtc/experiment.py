@@ -5,8 +5,9 @@ only, in five frozen parts; slora_vtc/runner.py runs it.
   tokens the serving path adds) and when the run stops (`horizon`).
 - `SchedulingSetup`: the scheduler spec and how it charges (cost function, lift rule, VTC's charging
   options).
-- `MemorySetup`: the token pool, the prefix cache, the admission rule and the dummy LoRA adapters
-  that take pool slots.
+- `MemorySetup`: the token pool, the prefix cache, the admission rule, the dummy LoRA adapters
+  that take pool slots, and the batching (S-LoRA's loop, or vLLM's chunked prefill with its budget,
+  sequence cap and block size).
 - `BackendSetup`: what computes the steps (simulator or real model) and its settings.
 - `ClusterSetup`: several replicas behind routers (the simulator only).
 
@@ -77,6 +78,10 @@ class MemorySetup:
     adapters: int | None = None  # dummy LoRA adapters the clients map to, round robin (default: one per client
     # on the simulator, none on a real backend; 0: none)
     adapter_rank: int = 8  # rank of the dummy adapters
+    batching: str = "slora"  # or chunked: vLLM's step rule, prompts prefilled in chunks within a token budget
+    max_num_batched_tokens: int = 2048  # chunked: tokens one step computes
+    max_num_seqs: int = 256  # chunked: requests running at once
+    block_size: int = 16  # chunked: tokens per KV block
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +128,7 @@ class Recorded(Enum):
     SIM = "runs on the simulator"
     REAL = "runs on a real backend"
     CLUSTER = "cluster runs"
+    CHUNKED = "runs under chunked batching"
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,10 @@ KEYS: dict[str, Key] = {
     "ingress_skew": Key("cluster", "ingress_skew", Recorded.CLUSTER),
     "replica_pool_tokens": Key("cluster", "pool_tokens", Recorded.CLUSTER),
     "replica_testbeds": Key("cluster", "testbeds", Recorded.CLUSTER),
+    "batching": Key("memory", "batching", Recorded.CHUNKED),
+    "max_num_batched_tokens": Key("memory", "max_num_batched_tokens", Recorded.CHUNKED),
+    "max_num_seqs": Key("memory", "max_num_seqs", Recorded.CHUNKED),
+    "block_size": Key("memory", "block_size", Recorded.CHUNKED),
 }
 
 
@@ -229,6 +239,8 @@ class Experiment:
         kept = {Recorded.ALWAYS, Recorded.REAL if self.backend.real else Recorded.SIM}
         if self.cluster.clustered:
             kept.add(Recorded.CLUSTER)
+        if self.memory.batching != "slora":
+            kept.add(Recorded.CHUNKED)
         return {name: value for name, value in settings.items() if KEYS[name].recorded in kept}
 
     # -- what the parts mean together -------------------------------------------------------------
@@ -251,6 +263,10 @@ class Experiment:
             lora_rank=memory.adapter_rank,
             prefix_cache=memory.prefix_cache,
             admission=memory.admission,
+            batching=memory.batching,
+            max_num_batched_tokens=memory.max_num_batched_tokens,
+            max_num_seqs=memory.max_num_seqs,
+            block_size=memory.block_size,
         )
         if not self.backend.real:
             return EngineConfig(**settings)

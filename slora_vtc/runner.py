@@ -25,10 +25,15 @@ if TYPE_CHECKING:
     from slora_vtc.cluster import RouterOptions
 
 
-def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = True) -> RunResult:
+def run_experiment(
+    exp: Experiment, progress: bool = False, macro_steps: bool = True, step_log: str | None = None
+) -> RunResult:
     """Run one experiment; every request ends finished, rejected or aborted. `macro_steps=False`
-    runs the simulator one decode step at a time (what the macro-step tests compare against)."""
+    runs the simulator one decode step at a time (what the macro-step tests compare against);
+    `step_log`: a file to write one record per forward pass to (slora_vtc/steplog.py)."""
     if exp.cluster.clustered:
+        if step_log is not None:
+            raise UserError("--step-log logs one engine: it does not apply to --replicas or --routers")
         return run_cluster_experiment(exp, progress)
     workload, config = exp.workload.build(), replace(exp.engine_config(), macro_steps=macro_steps)
     requests = exp.requests(workload)
@@ -38,7 +43,7 @@ def run_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = 
     scheduler = build_scheduler(exp.scheduling.scheduler, list(workload.clients), exp.scheduler_options())
     label = f"{workload.name}/{exp.scheduling.scheduler} ({exp.backend.name})"
     total = serve_requests(
-        requests, scheduler, config, backend, exp.backend.time_scale, progress, label, exp.workload.horizon
+        requests, scheduler, config, backend, exp.backend.time_scale, progress, label, exp.workload.horizon, step_log
     )
     return RunResult.of(exp.result_config(config.pool_tokens, workload.duration), requests, total)
 
@@ -87,14 +92,22 @@ def serve_requests(
     progress: bool = False,
     label: str = "",
     horizon: float | None = None,
+    step_log: str | None = None,
 ) -> float:
     """Serve requests arriving at their times until each has ended; returns the total time.
 
     A simulated backend runs on a virtual clock; a real one on the wall clock, scaled by `time_scale`.
+    `step_log`: write one record per forward pass there.
     """
     with LazyProgress(len(requests), label, enabled=progress) as bar:
         engine = build_engine(config, scheduler, backend, on_end=lambda _: bar.update(), time_scale=time_scale)
-        engine.run(requests, until=horizon)
+        if step_log is not None:
+            engine.log_steps(step_log)
+        try:
+            engine.run(requests, until=horizon)
+        finally:
+            if engine.step_log is not None:
+                engine.step_log.close()
     return engine.clock.now()
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.backends.base import Chunk, ModelBackend, StepResult
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 
@@ -60,6 +60,23 @@ class StepTimeModel:
     def decode_time(self, num_reqs: int, context_tokens: int) -> float:
         d, e, f = self.decode_coef
         return d + e * max(0, num_reqs - self.decode_knee) + f * context_tokens + self.overhead_s
+
+    def mixed_time(self, prefill_tokens: int, prefill_pairs: int, decode_reqs: int, context_tokens: int) -> float:
+        """One step of chunked batching (prefill chunks and decodes in one forward pass), from the
+        prefill and decode coefficients (docs/design.md, "Chunked batching"): the pass's fixed cost
+        once (a when it prefills: its weights are read and its kernels launched once, as a prefill's;
+        d, the decode step's, when it only decodes), c per prompt token, g per pair of a chunk's token
+        and a position before the chunk (attention over earlier K/V, as over a cached prefix), and the
+        decodes' own terms, e per request past the knee and f per context token. Without chunks it
+        is decode_time exactly; a prefill's per-request b, which the step does not see, is left out."""
+        if not prefill_tokens:
+            return self.decode_time(decode_reqs, context_tokens)
+        a, _, c = self.prefill_coef
+        d, e, f = self.decode_coef
+        t = max(a, d) + c * prefill_tokens + self.cached_pair_s * prefill_pairs
+        if decode_reqs:
+            t += e * max(0, decode_reqs - self.decode_knee) + f * context_tokens
+        return t + self.overhead_s
 
     @classmethod
     def fit(cls, points: "list[ProfilePoint]") -> "StepTimeModel":
@@ -161,7 +178,18 @@ class SimBackend(ModelBackend):
         context = sum(r.prompt_len + r.generated for r in reqs)
         return StepResult([None] * len(reqs), self.model.decode_time(len(reqs), context))
 
+    def mixed(self, chunks: list[Chunk], decodes: list[Request]) -> StepResult:
+        prefill = sum(c.length for c in chunks)
+        pairs = sum(c.length * c.start for c in chunks)
+        context = sum(r.prompt_len + r.generated for r in decodes)
+        elapsed = self.model.mixed_time(prefill, pairs, len(decodes), context)
+        if self._cold:  # the engine's first step always prefills
+            elapsed, self._cold = elapsed + self.model.cold_start_s, False
+        return StepResult([None] * (len(chunks) + len(decodes)), elapsed)
+
     def decode_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
+        if not isinstance(self.model, StepTimeModel):  # another model (a calibrated one): its own step times
+            return self._mixed_run(reqs, steps, start, until)
         # decode_time's terms, summed in its order, and the clock's sum step by step: the same floats
         d, e, f = self.model.decode_coef
         n = len(reqs)
@@ -169,6 +197,15 @@ class SimBackend(ModelBackend):
         context, now = sum(r.prompt_len + r.generated for r in reqs), start
         for done in range(1, steps + 1):
             now += fixed + f * context + overhead
+            if now >= until:
+                return done, now
+            context += n
+        return steps, now
+
+    def _mixed_run(self, reqs: list[Request], steps: int, start: float, until: float) -> tuple[int, float]:
+        n, context, now = len(reqs), sum(r.prompt_len + r.generated for r in reqs), start
+        for done in range(1, steps + 1):
+            now += self.model.mixed_time(0, 0, n, context)
             if now >= until:
                 return done, now
             context += n

@@ -7,7 +7,7 @@ from slora_vtc.backends.registry import BACKENDS
 from slora_vtc.backends.sim import DEFAULT_TESTBED, TESTBEDS, load_testbed
 from slora_vtc.cli.report import summary_table
 from slora_vtc.cluster import ROUTERS, build_router
-from slora_vtc.config import ADMISSIONS
+from slora_vtc.config import ADMISSIONS, BATCHINGS
 from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, default_settings
 from slora_vtc.memory import fits_alone
@@ -89,6 +89,7 @@ def add_experiment_args(p: argparse.ArgumentParser, suite: bool = True) -> None:
     )
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the dummy LoRA adapters (default 8)")
     add_memory_args(p)
+    add_batching_args(p)
     add_cluster_args(p)
     real = p.add_argument_group("real backends (torch, triton)")
     add_model_args(real)
@@ -126,6 +127,37 @@ def add_memory_args(p) -> None:
     )
     p.add_argument(
         "--charge-recompute", action="store_true", help="VTC: charge again the tokens a preempted request recomputes"
+    )
+
+
+def add_batching_args(p) -> None:
+    """S-LoRA's loop or vLLM's chunked prefill, and the latter's budget, sequence cap and block size."""
+    b = p.add_argument_group("batching")
+    b.add_argument(
+        "--batching",
+        choices=list(BATCHINGS),
+        default="slora",
+        help="slora: separate prefill and decode passes, new requests every 10 decode steps (S-LoRA, the paper); "
+        "chunked: vLLM's steps, a token budget shared by decodes and prompt chunks, memory in blocks",
+    )
+    b.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="chunked: tokens one step computes (default 2048, vLLM's on a GPU)",
+    )
+    b.add_argument(
+        "--max-num-seqs", type=int, default=256, help="chunked: requests running at once (default 256, vLLM's)"
+    )
+    b.add_argument("--block-size", type=int, default=16, help="chunked: tokens per KV block (default 16, vLLM's)")
+
+
+def batching_settings(args) -> dict:
+    return dict(
+        batching=args.batching,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
     )
 
 
@@ -253,6 +285,7 @@ def experiment(args, scheduler: str) -> Experiment:
         admission=args.admission,
         charge_cached=args.charge_cached,
         charge_recompute=args.charge_recompute,
+        **batching_settings(args),
         **cluster_settings(args),
     )
     check(exp)
@@ -312,6 +345,10 @@ def check(exp: Experiment) -> None:
         )
     if config.admission == "optimistic":
         _check_optimistic(exp, requests, config, scheduler.traits.preemption)
+    if config.chunked and not scheduler.traits.preemption:
+        raise UserError(
+            f"--batching chunked: scheduler '{exp.scheduling.scheduler}' cannot take preempted requests back"
+        )
 
 
 def _check_workload(exp: Experiment) -> None:
@@ -392,7 +429,7 @@ def report(results: list[RunResult], out: Path | None) -> int:
 
 def cmd_run(args) -> int:
     exp = experiment(args, args.scheduler)
-    result = run_experiment(exp, progress=True)
+    result = run_experiment(exp, progress=True, step_log=args.step_log)
     return report([result], Path(args.out) if args.out else Path("results") / result_name(exp))
 
 
@@ -437,11 +474,21 @@ def cmd_list(args) -> int:
     return 0
 
 
+def add_step_log_arg(p) -> None:
+    p.add_argument(
+        "--step-log",
+        metavar="PATH",
+        help="write one JSON line per engine step (the format of the vLLM plugin's step log, docs/vllm.md): "
+        "what it prefilled and decoded, its time (simulated on the simulator)",
+    )
+
+
 def add_parsers(sub) -> None:
     run = sub.add_parser("run", help="run one experiment and write its result file")
     add_experiment_args(run)
     run.add_argument("--scheduler", required=True, help=scheduler_help())
     run.add_argument("--out", help="result file (default: results/ and a name built from the settings)")
+    add_step_log_arg(run)
     run.set_defaults(func=cmd_run)
 
     compare = sub.add_parser("compare", help="run several schedulers on one suite and print a table")
@@ -464,6 +511,7 @@ def add_parsers(sub) -> None:
     add_experiment_args(replay, suite=False)
     replay.add_argument("--scheduler", required=True, help="scheduler spec, as for `run`")
     replay.add_argument("--out", help="result file (default: results/replay-TRACE_SCHEDULER....jsonl)")
+    add_step_log_arg(replay)
     replay.set_defaults(func=cmd_replay)
 
     lst = sub.add_parser("list", help="name every suite, scheduler, backend and figure")

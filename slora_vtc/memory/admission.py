@@ -36,7 +36,12 @@ def peak_need(to_generate_desc: list[int], held: list[int]) -> int:
 
 
 def fits_alone(req: Request, config: EngineConfig) -> bool:
-    """Whether the request could ever be admitted (into an empty engine)."""
+    """Whether the request could ever be admitted (into an empty engine). Under chunked batching: its
+    K/V at the end (every token but the last, whose K/V is never computed) in whole blocks, and its
+    adapter, fit the pool (there is no prompt cap: prompts are prefilled in chunks)."""
+    if config.chunked:
+        own = config.round_up(req.prompt_len + req.max_new_tokens - 1)
+        return own + config.slots_of(req.adapter) <= config.pool_tokens
     return (
         req.prompt_len <= config.batch_max_tokens
         and req.prompt_len + req.max_new_tokens < config.pool_tokens - config.slots_of(req.adapter)

@@ -56,6 +56,7 @@ class MemoryManager:
         self._matched: dict[
             int, tuple
         ] = {}  # rid -> (cached_len, end node, its `grown`, evictions, generated) of a waiting request
+        self._spare: dict[int, list[int]] = {}  # chunked batching, with slot ids: slots a request holds unwritten
 
     @property
     def available(self) -> int:
@@ -107,6 +108,45 @@ class MemoryManager:
             if req.generated:
                 req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
 
+    # -- chunked batching: a request's K/V grow by chunks, its slots by whole blocks ------------------
+    def start(self, req: Request) -> None:
+        """A request scheduled for the first time since it waited (chunked batching): lock its cached
+        prefix and load its adapter; it holds none of its own slots yet (`grow` gives them)."""
+        self._matched.pop(req.rid, None)
+        self._lock_prefix(req)
+        self._ensure_adapter(req.adapter)
+        if self._ids:
+            self._spare[req.rid] = []
+            if self.cache:
+                self._own[req.rid] = []
+        else:
+            self._counts[req.rid] = 0
+        if req.generated:
+            req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
+
+    def start_cost(self, req: Request) -> int:
+        """Slots `start` would take from what is available: cached slots it locks that nobody locks
+        yet (they stop being evictable), and its adapter when it is not resident."""
+        ids = self.cache_ids(req)
+        locking = 0 if ids is None else self.cache.unlocked_len(req.adapter, ids, req.prefill_len - 1, {})
+        adapter = 0 if req.adapter is None or req.adapter in self.adapters else self.slots_of(req.adapter)
+        return locking + adapter
+
+    def grow(self, req: Request, tokens: int, slots: int) -> None:
+        """`slots` more slots for the request (a whole number of blocks, possibly none), and `tokens`
+        more of its slots now hold K/V (its kv_slots, in position order; the rest stay spare)."""
+        if not self._ids:
+            if slots:
+                self._counts[req.rid] += self._alloc(slots)
+            return
+        spare = self._spare[req.rid]
+        if slots:
+            spare.extend(self._alloc(slots).tolist())
+        written, self._spare[req.rid] = spare[:tokens], spare[tokens:]
+        req.kv_slots.extend(written)
+        if self.cache:
+            self._own[req.rid].extend(written)
+
     def cache_prefill(self, batch: Iterable[Request]) -> None:
         """After a prefill: the prompts' K/V join the tree (later requests may share them at once).
 
@@ -156,6 +196,9 @@ class MemoryManager:
         own = self._own.pop(req.rid, None) if self.cache else req.kv_slots
         if own:
             self.pool.free(own)
+        spare = self._spare.pop(req.rid, None)  # chunked batching: the unwritten rest of its last block
+        if spare:
+            self.pool.free(spare)
         req.kv_slots = []
 
     def evict_unused(self, running: Iterable[Request]) -> None:

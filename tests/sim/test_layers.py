@@ -10,9 +10,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slora_vtc"
 # lowest first; a module's layer is that of its top-level module or subpackage
 LAYERS = [
     {"request", "workload", "results", "profile", "cost", "config", "clock", "errors", "specs", "segments", "data",
-     "hf_tokenizer", "progress", "steplog"},  # records, and a progress bar
+     "hf_tokenizer", "progress", "steplog"},  # records, a progress bar, the step log
     {"memory", "sched", "model"},  # the pool, the schedulers, a model's math and its records
-    {"engine", "macro_step", "builder", "backends", "calibrate_steps"},  # the engine; a step model load_testbed reads
+    {"engine", "chunked", "step_logger", "macro_step", "builder", "backends", "calibrate_steps"},  # the engine; a step model load_testbed reads
     {"cluster"},  # replicas behind routers
     {"experiment", "runner", "suites", "traces", "metrics", "summary", "calibrate", "figures", "docs", "sweep",
      "plugins", "realrun"},  # experiments

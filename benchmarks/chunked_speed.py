@@ -1,0 +1,78 @@
+"""Chunked batching's simulator speed against S-LoRA's loop: wall seconds per simulated request on
+the same suites, both loops timed side by side in one process, repeats interleaved (slora, chunked,
+slora, ...) so that a busy machine slows both alike; the median of the repeats. Issue 20 asks for
+`--batching chunked` to be at least as fast per simulated request as `--batching slora`.
+
+    .venv/bin/python benchmarks/chunked_speed.py               # 5 repeats
+    .venv/bin/python benchmarks/chunked_speed.py --repeats 9
+
+Results: benchmarks/results/chunked_speed.json (with the machine they ran on).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import machine_info  # noqa: E402 (benchmarks/ is not a package)
+
+from slora_vtc.experiment import Experiment  # noqa: E402
+from slora_vtc.runner import run_experiment  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "chunked_speed.json"
+RUNS = (
+    ("overload", "vtc", {}),
+    ("overload", "fcfs", {}),
+    ("dist_shift", "lcf", {}),
+    ("real", "vtc", {}),
+    ("ablation_65k_256", "vtc", {}),
+    ("prefix_chat", "vtc", {"prefix_cache": True}),
+)
+BATCHINGS = ("slora", "chunked")
+
+
+def timed(exp: Experiment) -> tuple[float, int]:
+    start = time.perf_counter()
+    result = run_experiment(exp)
+    return time.perf_counter() - start, len(result.responses)
+
+
+def measure(repeats: int) -> list[dict]:
+    rows = []
+    for suite, scheduler, extra in RUNS:
+        samples: dict[str, list[float]] = {b: [] for b in BATCHINGS}
+        requests = 0
+        for _ in range(repeats):
+            for batching in BATCHINGS:
+                wall_s, requests = timed(Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra))
+                samples[batching].append(wall_s)
+        row = {"suite": suite, "scheduler": scheduler, **extra, "requests": requests}
+        for batching in BATCHINGS:
+            row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
+            row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
+        row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
+        rows.append(row)
+        print(
+            f"{suite:18s} {scheduler:6s} {requests:6d} requests  slora {row['slora_ms_per_request']:.3f} ms/req  "
+            f"chunked {row['chunked_ms_per_request']:.3f} ms/req  ratio {row['chunked_over_slora']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    rows = measure(args.repeats)
+    RESULTS.write_text(json.dumps({"machine": machine_info(), "repeats": args.repeats, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

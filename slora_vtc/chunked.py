@@ -1,0 +1,317 @@
+"""Chunked batching: vLLM v1's step rule in our engine (`--batching chunked`; docs/design.md,
+"Chunked batching"). The Engine delegates its step here when `config.batching == "chunked"`.
+
+Each step has a token budget (`max_num_batched_tokens`). Running requests come first, in the order
+they were scheduled: a decode takes one token, a request still in its prefill its next chunk, as much
+of the rest of its prefill as the budget leaves. Then, unless this step preempted, waiting requests
+in the scheduler's order (peek, pop), each taking what is left of the budget, while fewer than
+`max_num_seqs` run. Memory is allocated in blocks of `block_size` tokens for the tokens a step
+computes. When a running request cannot get its blocks, the scheduler's victim (`choose_victim`
+among every running request) is preempted by recompute, again until the request fits or is itself
+the victim, which ends the running pass; a victim already scheduled this step is taken back, its
+tokens returned to the budget (what vLLM does when its priority policy chooses victims). A waiting
+request that cannot get its blocks ends the waiting pass (head-of-line, as vLLM).
+
+Charges, as the vLLM plugin charges inside vLLM (sched/prompt_charge.py): after scheduling, each
+prompt chunk reports the prefill so far and the report before it is refunded; a request back from a
+preemption with tokens is reported once, at its admission; decodes are charged before the step, the
+token a completed prefill yields is free.
+
+On a simulated backend, pure decode steps that single steps would run alike (nothing in prefill,
+nothing waiting that the step rule could admit, no block short) run as one macro-step, with the
+same results.
+"""
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from slora_vtc.backends.base import Chunk
+from slora_vtc.clock import VirtualClock
+from slora_vtc.errors import UserError
+from slora_vtc.memory.budget import AdmissionBudget
+from slora_vtc.request import Request, State
+from slora_vtc.sched.prompt_charge import CannotRefund, PromptProgress
+from slora_vtc.step_logger import StepWork
+
+if TYPE_CHECKING:
+    from slora_vtc.engine import Engine
+
+
+class CacheView(AdmissionBudget):
+    """What `peek` is given: the prefix cache's hits (the step rule itself decides what fits)."""
+
+    def __init__(self, memory):
+        self.memory = memory
+
+    def try_add(self, req: Request) -> bool:
+        return True
+
+    def cached_len(self, req: Request) -> int:
+        return self.memory.cached_len(req)
+
+
+@dataclass
+class Plan:
+    """One step: the prefill chunks (running requests' first, then newly scheduled ones) and decodes."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+    started: list[Request] = field(default_factory=list)  # scheduled this step from the waiting queue
+    preempted: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks or self.decodes)
+
+    def take_back(self, req: Request) -> int:
+        """Unschedule a running request preempted after it was scheduled; the tokens it had."""
+        for chunk in self.chunks:
+            if chunk.req is req:
+                self.chunks.remove(chunk)
+                return chunk.length
+        self.decodes.remove(req)
+        return 1
+
+
+class ChunkedBatching:
+    """The step rule for one engine; it keeps each running request's computed positions."""
+
+    def __init__(self, engine: "Engine"):
+        if not engine.scheduler.traits.preemption:
+            raise UserError(
+                f"scheduler {type(engine.scheduler).__name__} cannot take preempted requests back: "
+                "--batching chunked preempts by recompute"
+            )
+        self.engine, self.config = engine, engine.config
+        self.computed: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), running only
+        self.prefilling: set[int] = set()  # rids of running requests whose prefill is not complete
+        self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
+        self._macro = (
+            self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
+        )
+
+    # -- the engine's calls -----------------------------------------------------------------------
+    def step(self, until: float | None) -> bool:
+        if until is not None and self._macro and self.engine.step_log is None and (steps := self._alike_steps()):
+            self._decode_ahead(steps, until)
+            return True
+        plan = self._schedule()
+        if not plan:  # nothing to compute; a step that only preempted still changed something
+            return plan.preempted > 0
+        self._charge(plan)
+        self._run(plan)
+        return True
+
+    def forget(self, req: Request) -> None:
+        """A request ended."""
+        self.computed.pop(req.rid, None)
+        self.prefilling.discard(req.rid)
+        self.prompts.pop(req.rid, None)
+
+    # -- scheduling: vLLM's step rule ---------------------------------------------------------------
+    def _schedule(self) -> Plan:
+        plan, budget = Plan(), self.config.max_num_batched_tokens
+        budget = self._schedule_running(plan, budget)
+        if not plan.preempted:
+            self._schedule_waiting(plan, budget)
+        return plan
+
+    def _schedule_running(self, plan: Plan, budget: int) -> int:
+        eng, memory = self.engine, self.engine.memory
+        computed, prefilling, block = self.computed, self.prefilling, self.config.block_size
+        i = 0
+        while i < len(eng.running) and budget > 0:
+            req = eng.running[i]
+            done = computed[req.rid]
+            if req.rid in prefilling:
+                n = min(req.prefill_len - done, budget)
+                slots = self._slots(req, done, n)
+            else:  # a decode: one token, a new block when its last one is full
+                n, slots = 1, 0 if (done - req.cached_len) % block else block
+            while slots and slots > memory.available:
+                victim = eng.scheduler.choose_victim(eng.running, eng.clock.now())
+                if eng.running.index(victim) < i:  # scheduled already this step: taken back
+                    i -= 1
+                    budget += plan.take_back(victim)
+                self._preempt(victim)
+                plan.preempted += 1
+                if victim is req:
+                    break
+            if req.state is not State.RUNNING:
+                break
+            memory.grow(req, n, slots)
+            computed[req.rid] = done + n
+            if req.rid in prefilling:
+                plan.chunks.append(Chunk(req, done, n))
+            else:
+                plan.decodes.append(req)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, plan: Plan, budget: int) -> None:
+        eng, memory, config = self.engine, self.engine.memory, self.config
+        view = CacheView(memory)
+        # a new request needs at least one block: with none available nobody is asked (a macro-step
+        # skips exactly these steps, so a scheduler whose peek has effects sees the same calls)
+        while budget > 0 and len(eng.running) < config.max_num_seqs and memory.available >= config.block_size:
+            if not eng.scheduler.num_waiting():
+                break
+            req = eng.scheduler.peek(view)
+            if req is None:
+                break
+            cached = memory.cached_len(req)
+            n = min(req.prefill_len - cached, budget)
+            slots = config.round_up(n)
+            if slots + memory.start_cost(req) > memory.available:
+                break
+            now = eng.clock.now()
+            eng.scheduler.pop(req, now)
+            memory.start(req)
+            memory.grow(req, n, slots)
+            req.state = State.RUNNING
+            if req.first_admitted is None:
+                req.first_admitted = now
+            eng.running.append(req)
+            self.computed[req.rid] = req.cached_len + n
+            self.prefilling.add(req.rid)
+            plan.chunks.append(Chunk(req, req.cached_len, n))
+            plan.started.append(req)
+            budget -= n
+
+    def _slots(self, req: Request, done: int, n: int) -> int:
+        """Slots the request's next n tokens take beyond what it holds (its own tokens, in blocks)."""
+        own = done - req.cached_len
+        return self.config.round_up(own + n) - self.config.round_up(own)
+
+    def _preempt(self, req: Request) -> None:
+        self.computed.pop(req.rid)
+        self.prefilling.discard(req.rid)
+        self.engine._preempt(req)
+
+    # -- charging ----------------------------------------------------------------------------------
+    def _charge(self, plan: Plan) -> None:
+        sched, now = self.engine.scheduler, self.engine.clock.now()
+        started = {id(r) for r in plan.started}
+        for chunk in plan.chunks:
+            req = chunk.req
+            if req.generated:  # back from a preemption with tokens: reported once, at its admission
+                if id(req) in started:
+                    sched.on_prefill(req, req.prefill_len - req.cached_len, req.cached_len, now)
+                continue
+            progress = self.prompts.get(req.rid)
+            if progress is None:
+                progress = self.prompts[req.rid] = PromptProgress(req.cached_len)
+            try:
+                progress.report(sched, req, chunk.start + chunk.length, now)
+            except CannotRefund as e:
+                raise UserError(
+                    f"scheduler {e} charges prompts but keeps no ledger to refund a chunk's report: "
+                    "it cannot run with --batching chunked"
+                ) from None
+        if plan.decodes:
+            sched.on_decode_step(plan.decodes, now)
+
+    # -- running the step --------------------------------------------------------------------------
+    def _run(self, plan: Plan) -> None:
+        eng = self.engine
+        start = eng.clock.now()
+        result = eng.backend.mixed(plan.chunks, plan.decodes)
+        eng.clock.advance(result.elapsed)
+        now = eng.clock.now()
+        batch = [c.req for c in plan.chunks] + plan.decodes
+        failed = {batch[i].rid for i in result.failed}
+        completed = []
+        for i, (req, token) in enumerate(zip(batch, result.tokens)):
+            if req.rid in failed:
+                continue
+            if i < len(plan.chunks):
+                if not plan.chunks[i].completes:
+                    continue
+                self.prefilling.discard(req.rid)
+                completed.append(req)
+            req.append_token(token, now)
+        if self.engine.step_log is not None:
+            self._log(plan, start, result.elapsed)
+        for req in [r for r in batch if r.rid in failed]:
+            eng.abort(req, "the model failed on this request", keep_cache=False)
+        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
+        eng._retire([r for r in batch if r.state is State.RUNNING])
+
+    def _log(self, plan: Plan, start: float, elapsed: float) -> None:
+        work = StepWork(
+            prefill_tokens=sum(c.length for c in plan.chunks),
+            prefill_pairs=sum(c.length * c.start for c in plan.chunks),
+            prefill_reqs=len(plan.chunks),
+            cached_tokens=sum(r.cached_len for r in plan.started),
+            decode_reqs=len(plan.decodes),
+            context_tokens=sum(r.prompt_len + r.generated - 1 for r in plan.decodes),
+            preempted=plan.preempted,
+        )
+        self.engine.step_log.step(start, elapsed, work)
+
+    # -- macro-steps (simulator) ---------------------------------------------------------------------
+    def _alike_steps(self) -> int:
+        """Pure decode steps from now that single steps would run alike: nothing in prefill, every
+        running request decoding within the budget, no request short of a block (no preemption;
+        with the prefix cache, no eviction either), and nothing admitted from the waiting queue:
+        none can be (the budget or the sequence cap is used up, or not a block is free), or the
+        request the scheduler would try at each step (`LookAhead.heads`) provably does not fit."""
+        eng, config, memory = self.engine, self.config, self.engine.memory
+        running = eng.running
+        n = len(running)
+        if not n or self.prefilling or n > config.max_num_batched_tokens:
+            return 0
+        steps = min(r.max_new_tokens - r.generated for r in running)  # the step in which one finishes is the last
+        room = memory.pool.num_free if memory.cache is not None else memory.available
+        computed, round_up = self.computed, config.round_up
+        spare = [round_up(o) - o for o in (computed[r.rid] - r.cached_len for r in running)]
+        if self._slots_for(spare, steps) > room:
+            lo, hi = 0, steps - 1  # the most steps whose blocks fit the room
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._slots_for(spare, mid) <= room:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+        admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= config.block_size
+        if steps and admits and eng.scheduler.num_waiting():
+            steps = min(steps, self._until_admission(spare, steps, config.max_num_batched_tokens - n))
+        return steps
+
+    def _until_admission(self, spare: list[int], steps: int, budget: int) -> int:
+        """The decode steps before the first at which the waiting pass might admit its head (steps if
+        at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
+        leaves available, which only falls: a head that does not fit at its first step never does."""
+        eng, memory = self.engine, self.engine.memory
+        view = CacheView(memory)
+        heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
+        if heads is None:
+            return 0
+        available = memory.available
+        for s, req in heads:
+            if s >= steps:
+                break
+            need = self.config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
+            if need <= available - self._slots_for(spare, s + 1):
+                return s
+        return steps
+
+    def _slots_for(self, spare: list[int], steps: int) -> int:
+        """Slots `steps` decode steps take, each request holding `spare` unwritten slots in its last
+        block: it takes a block at step spare + 1, then every block_size steps."""
+        bs = self.config.block_size
+        return bs * sum((steps - 1 - p) // bs + 1 for p in spare if p < steps)
+
+    def _decode_ahead(self, steps: int, until: float) -> None:
+        eng = self.engine
+        steps, end = eng.backend.decode_run(eng.running, steps, eng.clock.now(), until)
+        round_up = self.config.round_up
+        for req in eng.running:
+            done = self.computed[req.rid]
+            own = done - req.cached_len
+            eng.memory.grow(req, steps, round_up(own + steps) - round_up(own))
+            self.computed[req.rid] = done + steps
+        eng._charge_and_grow(steps)
+        eng.clock.wait_until(end)
+        eng._retire(eng.running)
