@@ -21,11 +21,11 @@ VOCAB = range(3, 250)  # the tiny model's ordinary tokens (0-2 are special)
 # next request on its way in), and on this tiny CPU model a token takes about 4 ms, so short requests
 # spend much of their life there: with outputs of 96-224 tokens the light tenant (8 in flight) had
 # nothing waiting in 31 % of the samples of a quiet run here, and VTC rightly gave its turn away
-# (24 : 8 served 1.9 : 1). Outputs of 256-512 tokens keep both tenants waiting throughout (checked by
+# (24 : 8 served 1.9 : 1). Outputs of 384-640 tokens keep both tenants waiting throughout (checked by
 # each test); drawn uniformly so that requests admitted together end apart. VTC holds backlogged
 # tenants' services within about one request's cost of each other, so the window is long enough for
 # that to be a few percent of what each tenant receives in it.
-PROMPT, OUTPUT = 32, (256, 512)
+PROMPT, OUTPUT = 32, (384, 640)
 RUN_S, WINDOW = 60.0, (10.0, 56.0)  # seconds of load, and the window measured (all backlogged)
 
 
