@@ -3,6 +3,7 @@ to draw them), plus its entry here, or `register_figure` from outside the packag
 
 from slora_vtc.errors import UserError
 from slora_vtc.figures import (
+    batching,
     beyond,
     calibration,
     cluster,
@@ -29,6 +30,7 @@ FIGURES: dict[str, Figure] = {
         *tables.FIGURES,
         *beyond.FIGURES,
         *cluster.FIGURES,
+        *batching.FIGURES,
     ]
 }
 

@@ -17,15 +17,17 @@ from openai import AsyncOpenAI
 VOCAB = range(3, 250)  # the tiny model's ordinary tokens (0-2 are special)
 
 # The fairness tests' load. A tenant is backlogged only while vLLM holds one of its requests waiting;
-# each request spends part of its life outside vLLM (its last tokens on their way to the client, the
-# next request on its way in), and on this tiny CPU model a token takes about 4 ms, so short requests
-# spend much of their life there: with outputs of 96-224 tokens the light tenant (8 in flight) had
-# nothing waiting in 31 % of the samples of a quiet run here, and VTC rightly gave its turn away
-# (24 : 8 served 1.9 : 1). Outputs of 384-640 tokens keep both tenants waiting throughout (checked by
-# each test); drawn uniformly so that requests admitted together end apart. VTC holds backlogged
-# tenants' services within about one request's cost of each other, so the window is long enough for
-# that to be a few percent of what each tenant receives in it.
-PROMPT, OUTPUT = 32, (384, 640)
+# each request also spends time outside vLLM: its tokens streamed out through vLLM's API server to
+# this process, the next request on its way in. On the tiny model (hidden 256, 4 layers) vLLM on a
+# quiet 2-core machine made tokens faster than both could stream them, and most requests were out:
+# with outputs of 384-640 tokens the light tenant (8 in flight) had under one request running on
+# average and nothing waiting in most samples, and the heavy one (24) nothing waiting in a third of
+# them; VTC rightly gave the turns away, and no scheduler could have been judged. The servers that
+# are loaded serve a slower model (conftest.py's load_model), on which both tenants wait throughout
+# (each test checks it); drawn uniformly so that requests admitted together end apart. VTC holds
+# backlogged tenants' services within about one request's cost of each other, small against what
+# each receives in the window.
+PROMPT, OUTPUT = 32, (96, 224)
 RUN_S, WINDOW = 60.0, (10.0, 56.0)  # seconds of load, and the window measured (all backlogged)
 
 

@@ -1,7 +1,7 @@
 """A tiny random Llama and a byte-level BPE tokenizer, made offline: a model folder vLLM serves.
 
-4 layers, hidden 256, a vocabulary of a few hundred tokens trained on one sentence; the weights are
-random (seeded), so the text is noise, which is all a scheduler test needs. Run as a script to build
+4 layers, hidden 256 (or as asked), a vocabulary of a few hundred tokens trained on one sentence; the
+weights are random (seeded), so the text is noise, which is all a scheduler test needs. Run as a script to build
 one: `python tests/vllm/model.py DIR`.
 """
 
@@ -12,8 +12,9 @@ CORPUS = ["hello world, the quick brown fox jumps over the lazy dog"] * 10
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
-def build_tiny_llama(folder: Path) -> Path:
-    """Write the model and its tokenizer into `folder` (made if missing); return it."""
+def build_tiny_llama(folder: Path, hidden: int = 256, layers: int = 4) -> Path:
+    """Write the model and its tokenizer into `folder` (made if missing); return it. `hidden` and
+    `layers` make a slower one (the fairness tests' servers: conftest.py)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -36,9 +37,9 @@ def build_tiny_llama(folder: Path) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=2048,
