@@ -5,9 +5,8 @@ with the prefill, free) and each later token before the decode step that makes i
 (`on_decode_step`). In vLLM:
 
 - Prompts, after each schedule(): the prompt tokens a step computes (a chunk under chunked prefill)
-  are charged at once. Each chunk reports the whole prefill so far, `on_prefill(computed so far,
-  cached)`, and what the report before it charged is refunded (`Ledger.adjust`), so that the
-  charges add up to one report of the whole prompt whatever the cost function. `cached` is the
+  are charged at once, as our engine's chunked batching charges them (sched/prompt_charge.py): each
+  chunk reports the whole prefill so far and the report before it is refunded. `cached` is the
   prefix-cache hit at its first admission (VTC charges it `charge_cached` each).
 - Tokens, in update_from_output: each token vLLM delivered is charged as it is produced (one step
   after it was scheduled, under async scheduling), except the first after a prefill, which that
@@ -22,6 +21,7 @@ with the prefill, free) and each later token before the decode step that makes i
 from collections.abc import Callable
 
 from slora_vtc.sched import Scheduler
+from slora_vtc.sched.prompt_charge import PromptProgress
 from slora_vtc.vllm.stats import TenantStats
 from slora_vtc.vllm.tracked import Requests, Tracked, Where
 
@@ -29,7 +29,6 @@ from slora_vtc.vllm.tracked import Requests, Tracked, Where
 class Charging:
     def __init__(self, scheduler: Scheduler, requests: Requests, stats: TenantStats, now: Callable[[], float]):
         self.scheduler, self.requests, self.stats, self.now = scheduler, requests, stats, now
-        self.refunds = scheduler.traits.ledger
 
     # -- after schedule(): prompts ----------------------------------------------------------------
     def after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -42,7 +41,7 @@ class Charging:
             if t.admitting:
                 now = now or self.now()
                 self._admitted(t, vreq.num_computed_tokens - n, now)
-            elif t.cached is not None and t.prompt_done < vreq.num_prompt_tokens and not vreq.num_output_tokens:
+            elif t.prompt is not None and t.prompt.done < vreq.num_prompt_tokens and not vreq.num_output_tokens:
                 now = now or self.now()
                 self._prompt_progress(t, vreq.num_computed_tokens, now)
 
@@ -55,25 +54,19 @@ class Charging:
             charged = self.scheduler.on_prefill(t.mirror, vreq.num_tokens - start, start, now)
             self.stats.charge(t.tenant, charged)
             return
-        if t.cached is None:
-            t.cached = min(start, vreq.num_prompt_tokens)
-            self.stats.cached(t.tenant, t.cached)
+        if t.prompt is None:
+            t.prompt = PromptProgress(cached=min(start, vreq.num_prompt_tokens))
+            self.stats.cached(t.tenant, t.prompt.cached)
         self._prompt_progress(t, vreq.num_computed_tokens, now)
 
     def _prompt_progress(self, t: Tracked, computed_to: int, now: float) -> None:
-        done = min(computed_to, t.vreq.num_prompt_tokens)
-        if t.prompt_charge is not None and done <= t.prompt_done:
-            return
-        previous, before = t.prompt_charge, max(t.prompt_done, t.cached)
-        t.prompt_done = done
+        progress = t.prompt
+        before = max(progress.done, progress.cached)
         t.mirror.generated = 0
-        charged = self.scheduler.on_prefill(t.mirror, done - t.cached, t.cached, now)
-        if previous is not None and self.refunds:
-            self.scheduler.adjust(t.tenant, -previous)
-            charged -= previous
-        t.prompt_charge = charged + (previous or 0.0)
-        self.stats.charge(t.tenant, charged)
-        self.stats.computed(t.tenant, done - before)
+        charged = progress.report(self.scheduler, t.mirror, computed_to, now)
+        if progress.done > before or charged:
+            self.stats.charge(t.tenant, charged)
+            self.stats.computed(t.tenant, progress.done - before)
 
     # -- update_from_output: tokens and ends -----------------------------------------------------
     def before_update(self, num_scheduled_tokens: dict[str, int]) -> list[tuple[Tracked, int]]:

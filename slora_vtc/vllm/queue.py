@@ -146,7 +146,7 @@ class FairQueue(TrackedQueue):
             return
         # our schedulers settle a waiting request that was admitted before (a preempted one) by its
         # tokens; one preempted before its first token was admitted too (its prompt was charged)
-        admitted = tracked.prompt_charge is not None
+        admitted = tracked.prompt is not None and tracked.prompt.charge is not None
         tracked.mirror.generated = max(request.num_output_tokens, int(admitted))
         self.peek_pop.remove_request(tracked.mirror)
         self.members.take(tracked)

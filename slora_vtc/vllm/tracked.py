@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from slora_vtc.request import Request
+from slora_vtc.sched.prompt_charge import PromptProgress
 from slora_vtc.vllm.tenant import tenant_of
 
 
@@ -21,9 +22,7 @@ class Tracked:
     mirror: Request
     where: Where = Where.WAITING
     admitting: bool = False  # popped from a waiting queue during this schedule()
-    cached: int | None = None  # prompt tokens the prefix cache held at its first admission
-    prompt_done: int = 0  # prompt tokens computed or cached so far (the most any prefill reached)
-    prompt_charge: float | None = None  # what the latest report of its first prefill charged (None: none yet)
+    prompt: PromptProgress | None = None  # its prompt's charges so far, from its first admission (None: not yet)
     free_token: bool = False  # its next delivered token is a prefill's, charged with that prefill
 
     @property
