@@ -12,7 +12,8 @@ LAYERS = [
     {"request", "workload", "results", "profile", "cost", "config", "clock", "errors", "specs", "segments", "data",
      "hf_tokenizer", "progress", "steplog"},  # records, a progress bar, the step log
     {"memory", "sched", "model"},  # the pool, the schedulers, a model's math and its records
-    {"engine", "chunked", "step_logger", "macro_step", "builder", "backends", "calibrate_steps"},  # the engine; a step model load_testbed reads
+    # the engine; calibrate_steps: a step model load_testbed reads
+    {"engine", "chunked", "step_logger", "macro_step", "builder", "backends", "calibrate_steps"},
     {"cluster"},  # replicas behind routers
     {"experiment", "runner", "suites", "traces", "metrics", "summary", "calibrate", "figures", "docs", "sweep",
      "plugins", "realrun"},  # experiments
