@@ -126,3 +126,26 @@ def edit_tensors(folder: Path, edit) -> None:
     tensors = load_file(path)
     edit(tensors)
     save_file(tensors, path)
+
+
+def save_hf_llama_and_adapter(root: Path, seed: int):
+    """A tiny transformers Llama in root/base, and a PEFT adapter (rank 8, every target, random A and B,
+    drawn from `seed`) in root/r8; returns (root, the base model, the adapted model). Needs peft."""
+    import peft
+    from transformers import LlamaForCausalLM
+
+    from slora_vtc.model.adapters import TARGETS
+
+    model = save_hf_llama(root / "base")
+    scratch = save_hf_llama(root / "scratch")
+    torch.manual_seed(seed)
+    wrapped = peft.get_peft_model(
+        scratch, peft.LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGETS), init_lora_weights=False)
+    )
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+    wrapped.save_pretrained(root / "r8")
+    adapted = peft.PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(root / "base").eval(), root / "r8").eval()
+    return root, model, adapted

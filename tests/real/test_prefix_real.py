@@ -23,10 +23,16 @@ from slora_vtc.cli import main
 from slora_vtc.data import A10G_PROFILE, data_file
 from slora_vtc.errors import UserError
 from slora_vtc.memory import MemoryManager, TokenPool
-from slora_vtc.model.adapters import TARGETS, adapter_table
+from slora_vtc.model.adapters import adapter_table
 from slora_vtc.profile import PREFIX_HITS, PrefixHitPoint, load_prefix_hits, load_profile, save_profile
 from slora_vtc.realrun import _measure_hit
-from tests.helpers.llama import hf_logits, record_logits, request, save_hf_llama, tiny_backend
+from tests.helpers.llama import (
+    hf_logits,
+    record_logits,
+    request,
+    save_hf_llama_and_adapter,
+    tiny_backend,
+)
 
 peft = pytest.importorskip("peft")
 
@@ -54,22 +60,7 @@ BACKENDS = [
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     """A tiny transformers Llama, and a PEFT adapter (rank 8, every target, random A and B) on a copy of it."""
-    root = tmp_path_factory.mktemp("prefix")
-    model = save_hf_llama(root / "base")
-    scratch = save_hf_llama(root / "scratch")
-    torch.manual_seed(3)
-    wrapped = peft.get_peft_model(
-        scratch, peft.LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGETS), init_lora_weights=False)
-    )
-    with torch.no_grad():
-        for name, p in wrapped.named_parameters():
-            if "lora_" in name:
-                p.normal_(0.0, 0.3)
-    wrapped.save_pretrained(root / "r8")
-    from transformers import LlamaForCausalLM
-
-    adapted = peft.PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(root / "base").eval(), root / "r8").eval()
-    return root, model, adapted
+    return save_hf_llama_and_adapter(tmp_path_factory.mktemp("prefix"), seed=3)
 
 
 class Slots:
