@@ -222,3 +222,34 @@ def test_request_rows_are_reused():
     assert all(r.generated == 5 for r in requests)
     assert max(running) == 3  # 15 tokens each; a fourth would need 60 >= pool
     assert len(used) <= 8 and backend.rows.table.shape[0] == 8 and backend.rows.row_of == {}
+
+
+@pytest.mark.parametrize("admission", ["conservative", "small pool"])
+def test_chunked_batching_on_the_real_backend_generates_what_the_slora_loop_does(admission):
+    """The same engine, the real backend: greedy requests served by vLLM's step rule (prompts in chunks
+    of a 24-token budget beside decodes, in mixed steps; with a small pool, preempted by recompute)
+    produce the tokens S-LoRA's loop produces (whose tokens tests/real/test_model.py holds against
+    transformers), and leave the pool clean."""
+
+    def requests():
+        return [request(prompt(9 + 7 * (i % 4), i), 5 + 2 * (i % 3), client="ab"[i % 2]) for i in range(8)]
+
+    reference = requests()
+    real_engine(tiny_backend(pool=600), pool=600).run(reference)
+    pool = 600 if admission == "conservative" else 96
+    chunked = requests()
+    engine = real_engine(tiny_backend(pool=pool), pool=pool, scheduler="vtc", batching="chunked",
+                         max_num_batched_tokens=24, max_num_seqs=4, block_size=8)  # fmt: skip
+    steps, mixed = [], engine.backend.mixed
+
+    def mixed_step(chunks, decodes):
+        steps.append(bool(chunks) and bool(decodes))
+        return mixed(chunks, decodes)
+
+    engine.backend.mixed = mixed_step
+    engine.run(chunked)
+    assert any(steps)  # some steps computed a chunk and decodes together
+    assert (sum(r.preemptions for r in chunked) > 0) == (admission == "small pool")
+    assert [r.output_ids for r in chunked] == [r.output_ids for r in reference]
+    assert all(r.state is State.FINISHED for r in chunked)
+    assert_clean(engine, chunked)
