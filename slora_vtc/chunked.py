@@ -81,6 +81,11 @@ class ChunkedBatching:
                 f"scheduler {type(engine.scheduler).__name__} cannot take preempted requests back: "
                 "--batching chunked preempts by recompute"
             )
+        if not engine.backend.mixes:
+            raise UserError(
+                f"backend {type(engine.backend).__name__} cannot run --batching chunked: "
+                "it does not compute prefill chunks and decodes in one step"
+            )
         self.engine, self.config = engine, engine.config
         self.computed: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), running only
         self.prefilling: set[int] = set()  # rids of running requests whose prefill is not complete

@@ -44,6 +44,7 @@ class ModelBackend(ABC):
 
     simulated: bool = False
     decodes_ahead: bool = False  # whether decode_run can time several decode steps without running them
+    mixes: bool = False  # whether `mixed` computes prefill chunks and decodes in one step (chunked batching)
 
     @abstractmethod
     def prefill(self, reqs: list[Request]) -> StepResult:

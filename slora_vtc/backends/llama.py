@@ -161,6 +161,8 @@ class _After(NamedTuple):
 
 
 class LlamaBackend(ModelBackend):
+    mixes = True
+
     def __init__(
         self,
         model: Llama,

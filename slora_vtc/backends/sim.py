@@ -162,6 +162,7 @@ class SimBackend(ModelBackend):
 
     simulated = True
     decodes_ahead = True
+    mixes = True
 
     def __init__(self, model: StepTimeModel):
         self.model = model

@@ -30,6 +30,8 @@ from tests.helpers.engine import assert_clean, make_engine, run_engine
 class StepRecorder(ModelBackend):
     """Every step takes one second; records what each step computed: [(rid, tokens, kind), ...]."""
 
+    mixes = True
+
     def __init__(self):
         self.steps: list[list[tuple[int, int, str]]] = []
 
@@ -411,3 +413,9 @@ def test_fcfs_breaks_the_chunked_bound():
     engine = make_engine(sched, StepRecorder(), pool_tokens=POOL, batching="chunked", max_num_seqs=2)
     engine.run(a + b, on_step=on_step)
     assert max(gaps) > 2 * chunked_bound(a + b, 2, 16)
+
+
+def test_a_backend_without_mixed_steps_cannot_run_chunked_batching():
+    with pytest.raises(UserError, match="FixedBackend cannot run --batching chunked") as e:
+        make_engine("vtc", batching="chunked")
+    assert "\n" not in str(e.value)
