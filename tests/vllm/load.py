@@ -155,6 +155,14 @@ class Sampler:
         self._thread.join(timeout=10)
 
 
+def assert_backlogged(stats: list[dict], tenants) -> None:
+    """Every tenant had a request waiting in vLLM in at least 90 % of the plugin's stats samples `stats`:
+    what "backlogged" means to a scheduler (the note on OUTPUT)."""
+    for tenant in tenants:
+        idle = sum(not s["tenants"].get(tenant, {}).get("waiting") for s in stats)
+        assert idle <= 0.1 * len(stats), f"{tenant} had nothing waiting in {idle} of {len(stats)} samples"
+
+
 def wait_until(predicate, timeout_s: float = 30.0, every_s: float = 0.5):
     """Poll `predicate` until it returns something true (returned) or the time is up (AssertionError)."""
     deadline = time.monotonic() + timeout_s

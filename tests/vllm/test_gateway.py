@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.vllm import load
-from tests.vllm.load import OUTPUT, PROMPT, RUN_S, WINDOW, Sampler, run, wait_until
+from tests.vllm.load import OUTPUT, PROMPT, RUN_S, WINDOW, Sampler, assert_backlogged, run, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -293,7 +293,10 @@ def test_nothing_is_lost_when_vllm_dies_mid_run(stock_vllm):
 def test_passthrough_leaves_the_order_to_the_plugin_and_counts_service(fair_vllm):
     with gateway(fair_vllm.url, "--scheduler", "passthrough") as g:
         with Sampler(lambda: {**vllm_gauges(fair_vllm.url), **g.metrics()}) as sampled:
-            ratio = service_ratio(g.url, {"heavy": 24, "light": 8})
+            with Sampler(fair_vllm.stats, every_s=0.5) as stats:
+                start = time.monotonic()
+                ratio = service_ratio(g.url, {"heavy": 24, "light": 8})
+        assert_backlogged(stats.between(start + WINDOW[0], start + WINDOW[1]), ["heavy", "light"])
         assert 0.8 <= ratio <= 1.25  # the plugin's VTC: vLLM alone gives about 3
         loaded = [
             row for row in sampled.values if row["waiting"] >= 10

@@ -26,6 +26,7 @@ from tests.vllm.load import (
     WINDOW,
     Sampler,
     Served,
+    assert_backlogged,
     batch,
     client,
     complete,
@@ -51,10 +52,7 @@ def backlogged_ratio(server, in_flight: dict[str, int]) -> float:
     with Sampler(server.stats, every_s=0.5) as sampled:
         start = time.monotonic()
         ratio = service_ratio(server.url, in_flight)
-    window = sampled.between(start + WINDOW[0], start + WINDOW[1])
-    for tenant in in_flight:
-        idle = sum(not s["tenants"].get(tenant, {}).get("waiting") for s in window)
-        assert idle <= 0.1 * len(window), f"{tenant} had nothing waiting in {idle} of {len(window)} samples"
+    assert_backlogged(sampled.between(start + WINDOW[0], start + WINDOW[1]), in_flight)
     return ratio
 
 
