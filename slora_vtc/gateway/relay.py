@@ -4,10 +4,8 @@ not (`answer_whole`, assemble.py). Either way the request is settled once: finis
 end, failed (refunded) at an error event, a stream cut short or a broken connection.
 """
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import suppress
 from dataclasses import dataclass
 
 import httpx2
@@ -113,35 +111,17 @@ async def _charged(
 
 
 async def relay(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response, drop_usage: bool):
-    """Pass the upstream's events on as they come, charging their tokens on the way. The upstream is
-    read as fast as it sends (a task filling a queue), so that the request is settled, and its place
-    in the upstream's budget given to the next one, when the upstream's stream ends, not when a client
-    slower than the upstream has read it all."""
-    events: asyncio.Queue[str | None] = asyncio.Queue()
-    reader = asyncio.create_task(_read(ctx, kind, ticket, reply, drop_usage, events))
-    try:
-        while (event := await events.get()) is not None:
-            yield event
-    finally:
-        if not reader.done():  # the client went away (the generator was closed or cancelled)
-            reader.cancel()
-            with suppress(asyncio.CancelledError):
-                await reader
-
-
-async def _read(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response, drop_usage: bool,
-                events: "asyncio.Queue[str | None]") -> None:  # fmt: skip
-    """The upstream's stream into `events` (None last), settling the ticket at its end."""
+    """Pass the upstream's events on as they come, charging their tokens on the way."""
     settled, progress = False, _Progress()
     dispatcher = ctx.dispatcher
     try:
         async for line, event in _charged(ctx, kind, ticket, reply, progress):
             if event == DONE:
-                events.put_nowait("data: [DONE]\n\n")
+                yield "data: [DONE]\n\n"
             elif event is None:  # not JSON: half an event from an upstream that died mid-line; never relayed
                 continue
             elif not (drop_usage and isinstance(event, dict) and is_usage_only(event)):
-                events.put_nowait(f"{line}\n\n")
+                yield f"{line}\n\n"
         settled = True
         if progress.complete:
             dispatcher.finish(ticket)
@@ -153,13 +133,12 @@ async def _read(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx
                     502, f"upstream {ticket.upstream.url} ended the stream early", "server_error", "upstream_error"
                 )
                 for event in kind.error_event(error):
-                    events.put_nowait(event)
+                    yield event
     except httpx2.HTTPError as e:
         settled = True
         for event in kind.error_event(failed(ctx, ticket, e)):
-            events.put_nowait(event)
+            yield event
     finally:
         if not settled:
-            dispatcher.abort(ticket)  # the client went away: the relay cancelled this task
+            dispatcher.abort(ticket)  # the client went away (the generator was closed or cancelled)
         await reply.aclose()
-        events.put_nowait(None)
