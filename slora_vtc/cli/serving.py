@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
-from slora_vtc.cli.experiments import add_adapter_args, add_model_args, report
+from slora_vtc.cli.experiments import add_adapter_args, add_batching_args, add_model_args, batching_settings, report
 
 
 def cmd_serve(args) -> int:
@@ -38,6 +38,7 @@ def cmd_serve(args) -> int:
             backlog=args.backlog,
             keep_alive_s=args.keep_alive_timeout,
             prefix_cache=args.prefix_cache,
+            **batching_settings(args),
         )
     )
     return 0
@@ -71,6 +72,7 @@ def add_parsers(sub) -> None:
     )
     add_model_args(srv, backend=True)
     add_adapter_args(srv)
+    add_batching_args(srv)
     srv.add_argument(
         "--served-model-name",
         nargs="+",

@@ -43,6 +43,10 @@ class ServerConfig:
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
     prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)
+    batching: str = "slora"  # or "chunked": vLLM's steps (EngineConfig's fields of the same names)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    block_size: int = 16
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -124,6 +128,10 @@ def engine_config_for(config: ServerConfig, spec: ModelSpec, clients: Clients, a
         adapter_row_slots=spec.lora_slots_per_row,
         adapter_sizes=adapters.sizes(spec),
         prefix_cache=config.prefix_cache,
+        batching=config.batching,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
     )
 
 

@@ -1,0 +1,309 @@
+"""Does the simulator predict real vLLM? Issue 20's check, run in one session on one machine.
+
+1. Starts vLLM for CPUs with our plugin (`vtc`) and its step log, on a random Llama built here
+   (hidden 512, 8 layers: on this machine its steps, not the HTTP path, bound the serving), and
+   replays a calibration trace with `slora-vtc bench-http --api openai`: two tenants, Poisson
+   arrivals at rising rates, prompts of 16-1,500 tokens and outputs of 8-200, so that steps of every
+   kind and size run. `slora-vtc calibrate --vllm-steps` fits a testbed to the steps of that run.
+2. Scales the paper's workloads to this model's speed: time is stretched by the ratio of the
+   simulated throughputs on the overload suite (the paper's A10G testbed over the calibrated one),
+   so each workload loads vLLM as the paper's loaded the A10G; the first `--seconds` of each are
+   replayed: `overload` (Fig 3), `on_off_overload` (Fig 6), `poisson_short_long_2` (Fig 8) and
+   `real` (the LMSYS trace's arrivals and lengths, Fig 11-14).
+3. Replays each workload through vLLM with the plugin's `vtc` (the same server) and then `fcfs` (a
+   second start), with bench-http, every run cut at `--deadline` s.
+4. Simulates each run: `slora-vtc replay TRACE --batching chunked --testbed TESTBED` with vLLM's
+   step settings and KV cache size (read from its log) and the same cut, and compares: throughput
+   (tokens computed per second while requests arrive) within 5%, each tenant's share of the service
+   within 3 points, each tenant's mean time to first token within 10% or 0.5 s (tenants with at
+   least 20 finished requests).
+
+Writes benchmarks/results/vllm_fidelity/ (traces, result files, the step log, the testbed) and
+benchmarks/results/vllm_fidelity.json (what docs/vllm.md and paper_repro.md quote). Run it on a quiet
+machine (nothing else running): the calibration holds only for the conditions it was measured in.
+
+    .venv/bin/python scripts/vllm_fidelity.py --vllm-python .venv-vllm/bin/python
+    .venv/bin/python scripts/vllm_fidelity.py --vllm-python .venv-vllm/bin/python --compare-only
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.vllm_compare import bench, server, vllm_command, warm_up  # noqa: E402
+from slora_vtc import metrics  # noqa: E402
+from slora_vtc.cost import LinearCost  # noqa: E402
+from slora_vtc.results import read_results  # noqa: E402
+from slora_vtc.suites import get_suite  # noqa: E402
+from slora_vtc.traces import write_trace  # noqa: E402
+from slora_vtc.workload import RequestSpec  # noqa: E402
+from tests.vllm.server import CPU_ENV, plugin_args  # noqa: E402
+
+OUT = REPO / "benchmarks" / "results" / "vllm_fidelity"
+SUMMARY = REPO / "benchmarks" / "results" / "vllm_fidelity.json"
+WORKLOADS = ("overload", "on_off_overload", "poisson_short_long_2", "real")
+SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
+TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
+MIN_REQUESTS = 20  # a tenant's mean TTFT is compared from this many finished requests
+CALIBRATION_RATES = (1.0, 2.0, 4.0)  # requests/s, one phase each
+PROMPTS, OUTPUTS = (16, 1500), (8, 200)
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    block_size: int = 128
+    seconds: float = 40.0  # of each workload's arrivals
+    deadline: float = 70.0  # each run is cut here
+    calibration_phase_s: float = 20.0
+    port: int = 8160
+
+    def vllm_args(self) -> list[str]:
+        return [
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--block-size", str(self.block_size),
+        ]  # fmt: skip
+
+    def sim_args(self) -> list[str]:
+        return [
+            "--batching", "chunked", "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens), "--block-size", str(self.block_size),
+        ]  # fmt: skip
+
+
+# -- traces ---------------------------------------------------------------------------------------
+
+
+def calibration_trace(s: Settings, seed: int = 7) -> list[RequestSpec]:
+    """Two tenants, one Poisson phase per rate, random lengths."""
+    rng, records, t = random.Random(seed), [], 0.0
+    for phase, rate in enumerate(CALIBRATION_RATES):
+        end = (phase + 1) * s.calibration_phase_s
+        while (t := t + rng.expovariate(rate)) < end:
+            records.append(RequestSpec(rng.choice("ab"), rng.randint(*PROMPTS), rng.randint(*OUTPUTS), t))
+    return records
+
+
+def scaled_workload(suite: str, stretch: float, seconds: float) -> list[RequestSpec]:
+    """The suite's requests with their arrivals `stretch` times later, those before `seconds`."""
+    specs = get_suite(suite).workload(seconds / stretch).specs
+    stretched = (RequestSpec(r.client, r.prompt_len, r.output_len, r.arrival * stretch) for r in specs)
+    return sorted((r for r in stretched if r.arrival < seconds), key=lambda r: r.arrival)
+
+
+# -- the simulator --------------------------------------------------------------------------------
+
+
+def simulate(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, out: Path, **extra) -> Path:
+    """`slora-vtc replay` of the trace, as vLLM served it: its step settings, pool, no adapters, no
+    BOS added (bench-http sends token ids), cut at the deadline."""
+    cmd = [sys.executable, "-m", "slora_vtc", "replay", str(trace), "--scheduler", scheduler]
+    cmd += ["--testbed", str(testbed), "--pool-tokens", str(pool), "--added-tokens", "0", "--adapters", "0"]
+    cmd += [*s.sim_args(), "--out", str(out)]
+    cmd += ["--duration", str(extra.get("duration", s.seconds)), "--horizon", str(extra.get("horizon", s.deadline))]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+    return out
+
+
+def stretch_factor(testbed: Path, pool: int, s: Settings) -> float:
+    """How much slower than the paper's A10G this model serves: the ratio of the two simulated
+    throughputs (the A10G with the paper's engine, this model as calibrated and configured) on a
+    burst of the overload suite's requests (its first minute, all sent at once)."""
+    burst = [RequestSpec(r.client, r.prompt_len, r.output_len, 0.0) for r in scaled_workload("overload", 1.0, 60.0)]
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "burst.jsonl"
+        write_trace(burst, trace)
+        paper = Path(folder) / "a10g.jsonl"
+        cmd = [sys.executable, "-m", "slora_vtc", "replay", str(trace), "--scheduler", "fcfs", "--duration", "1"]
+        subprocess.run([*cmd, "--out", str(paper)], check=True, stdout=subprocess.DEVNULL)
+        here = simulate(trace, "fcfs", testbed, pool, s, Path(folder) / "here.jsonl", duration=1, horizon=1e9)
+        return _throughput(paper) / _throughput(here)
+
+
+def _throughput(path: Path) -> float:
+    (result,) = read_results(path)
+    return metrics.throughput(result)
+
+
+# -- vLLM -----------------------------------------------------------------------------------------
+
+
+def kv_cache_tokens(log: Path) -> int:
+    found = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
+    if not found:
+        raise RuntimeError(f"{log}: vLLM's log does not say its KV cache size")
+    return int(found.group(1).replace(",", ""))
+
+
+def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bool) -> dict:
+    """One vLLM start with the plugin running `scheduler`: the calibration run first if asked, then
+    the workloads already written; returns what the runs need to be simulated."""
+    step_log = OUT / f"steps_{scheduler}.jsonl"
+    step_log.unlink(missing_ok=True)
+    config = {"scheduler": scheduler, "step_log": str(step_log)}
+    url = f"http://127.0.0.1:{s.port}"
+    cmd = vllm_command(
+        args.vllm_python, str(args.model_dir), s.port, s.max_num_seqs, [*plugin_args(config), *s.vllm_args()]
+    )
+    env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO)}
+    with server(f"vllm-{scheduler}", cmd, env, f"{url}/v1/models", args.logs) as log:
+        warm_up(url)
+        pool = kv_cache_tokens(log)
+        if calibrate:
+            calibrate_on(url, step_log, s)
+            runs = [*runs, *write_workloads(s, pool)] if not runs else runs
+        for name in runs:
+            print(f"[vllm-{scheduler}] {name}", flush=True)
+            bench(OUT / f"{name}.trace.jsonl", url, OUT / f"{name}_{scheduler}.vllm.jsonl", s.deadline, s.deadline)
+    return {"pool_tokens": pool, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
+
+
+def calibrate_on(url: str, step_log: Path, s: Settings) -> None:
+    """The calibration run; its steps (those after the warm-up) fitted into testbed.json."""
+    trace = OUT / "calibration.trace.jsonl"
+    write_trace(calibration_trace(s), trace)
+    before = _lines(step_log)
+    bench(trace, url, OUT / "calibration.vllm.jsonl", s.deadline + 30, s.deadline + 30)
+    lines = step_log.read_text().splitlines()[before:]
+    (OUT / "calibration.steps.jsonl").write_text("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "slora_vtc", "calibrate", "--vllm-steps", str(OUT / "calibration.steps.jsonl")]
+    subprocess.run([*cmd, "--out", str(OUT / "testbed.json")], check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def write_workloads(s: Settings, pool: int) -> list[str]:
+    stretch = stretch_factor(OUT / "testbed.json", pool, s)
+    print(f"the paper's workloads stretched {stretch:.2f}x in time", flush=True)
+    (OUT / "stretch.json").write_text(json.dumps({"stretch": stretch}) + "\n")
+    for name in WORKLOADS:
+        write_trace(scaled_workload(name, stretch, s.seconds), OUT / f"{name}.trace.jsonl")
+    return list(WORKLOADS)
+
+
+# -- the comparison -------------------------------------------------------------------------------
+
+
+def observed(path: Path, seconds: float) -> dict:
+    """Throughput, shares and mean TTFT of one result file, over the arrivals [0, seconds]."""
+    (result,) = read_results(path)
+    tokens = metrics.window_service_rates(result, 0.0, seconds, LinearCost(1.0, 1.0))
+    service = metrics.window_service_rates(result, 0.0, seconds)
+    total = sum(service.values()) or 1.0
+    finished = {
+        c: int(((result.array("client") == c) & (result.array("status") == "finished")).sum()) for c in result.clients
+    }
+    return {
+        "throughput_tok_s": sum(tokens.values()),
+        "share_pct": {c: 100.0 * service.get(c, 0.0) / total for c in result.clients},
+        "ttft_mean_s": {c: metrics.mean_response_time(result, c) for c in result.clients},
+        "finished": finished,
+        "counts": {k: result.count(k) for k in ("finished", "aborted", "rejected")},
+    }
+
+
+def verdict(real: dict, sim: dict) -> dict:
+    throughput_error = sim["throughput_tok_s"] / real["throughput_tok_s"] - 1.0
+    share_points = max(abs(sim["share_pct"].get(c, 0.0) - v) for c, v in real["share_pct"].items())
+    ttft = {
+        c: (sim["ttft_mean_s"].get(c, float("nan")), v)
+        for c, v in real["ttft_mean_s"].items()
+        if real["finished"].get(c, 0) >= MIN_REQUESTS
+    }
+    ttft_ok = all(abs(p - m) <= max(TARGETS["ttft_relative"] * m, TARGETS["ttft_absolute_s"]) for p, m in ttft.values())
+    return {
+        "throughput_error": throughput_error,
+        "throughput_ok": abs(throughput_error) <= TARGETS["throughput"],
+        "share_points": share_points,
+        "shares_ok": share_points <= TARGETS["share_points"],
+        "ttft_pairs": {c: {"sim": p, "vllm": m} for c, (p, m) in ttft.items()},
+        "ttft_ok": ttft_ok,
+    }
+
+
+def compare(s: Settings, runs: dict) -> dict:
+    testbed, table = OUT / "testbed.json", {}
+    for scheduler, info in runs.items():
+        for name in WORKLOADS:
+            real = OUT / f"{name}_{scheduler}.vllm.jsonl"
+            sim = simulate(
+                OUT / f"{name}.trace.jsonl",
+                scheduler,
+                testbed,
+                info["pool_tokens"],
+                s,
+                OUT / f"{name}_{scheduler}.sim.jsonl",
+            )
+            measured, predicted = observed(real, s.seconds), observed(sim, s.seconds)
+            table[f"{name}/{scheduler}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
+            print(_row(name, scheduler, table[f"{name}/{scheduler}"]), flush=True)
+    return table
+
+
+def _row(name: str, scheduler: str, row: dict) -> str:
+    ttft = ", ".join(f"{c} {v['sim']:.2f}/{v['vllm']:.2f}s" for c, v in row["ttft_pairs"].items())
+    sim, real = row["sim"]["throughput_tok_s"], row["vllm"]["throughput_tok_s"]
+    shares = f"shares off {row['share_points']:.1f} pts"
+    tokens = f"tok/s sim/vllm {sim:.0f}/{real:.0f} ({row['throughput_error']:+.1%})"
+    return f"{name:22s} {scheduler:5s} {tokens} {shares}  TTFT sim/vllm {ttft}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vllm-python", required=True, help="the python of a venv with vLLM (.venv-vllm/bin/python)")
+    p.add_argument("--model-dir", type=Path, help="the model folder (default: built here, hidden 512, 8 layers)")
+    p.add_argument("--seconds", type=float, default=Settings.seconds, help="seconds of each workload's arrivals")
+    p.add_argument("--deadline", type=float, default=Settings.deadline, help="each run is cut after this many s")
+    p.add_argument("--compare-only", action="store_true", help="simulate and compare the runs already here")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers stop (their `finally`) on SIGTERM too
+    s = Settings(seconds=args.seconds, deadline=args.deadline)
+    OUT.mkdir(parents=True, exist_ok=True)
+    args.logs = Path(tempfile.mkdtemp(prefix="vllm_fidelity_logs_"))
+    started = time.time()
+    if args.compare_only:
+        record = json.loads(SUMMARY.read_text())
+    else:
+        record = measure(args, s)
+    record["runs"] = compare(s, record["servers"])
+    record["targets"] = TARGETS
+    SUMMARY.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {SUMMARY.relative_to(REPO)} ({time.time() - started:.0f} s)")
+    return 0
+
+
+def measure(args, s: Settings) -> dict:
+    if args.model_dir is None:
+        from tests.vllm.model import build_tiny_llama
+
+        args.model_dir = build_tiny_llama(Path(tempfile.mkdtemp(prefix="fidelity-llama-")), hidden=512, layers=8)
+    servers = {}
+    for k, scheduler in enumerate(SCHEDULERS):
+        servers[scheduler] = serve_runs(args, s, scheduler, [] if k == 0 else list(WORKLOADS), calibrate=k == 0)
+    return {
+        "machine": machine_info(),
+        "settings": asdict(s),
+        "model": {"hidden": 512, "layers": 8} if "fidelity-llama" in str(args.model_dir) else str(args.model_dir),
+        "stretch": json.loads((OUT / "stretch.json").read_text())["stretch"],
+        "servers": servers,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
