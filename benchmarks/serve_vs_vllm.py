@@ -42,6 +42,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "serve_vs_vllm.json"
 TARGET, GOAL = 0.9, 1.0
 KEPT = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 KEPT += ("duration", "completed", "total_output_tokens", "server_cpu_s")
+# vLLM's step settings on a CPU (its defaults there: 128 requests, 2,048 tokens a step, blocks of 128)
+CHUNKED = ["--batching", "chunked", "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--block-size", "128"]
 CLIENT = (
     "import argparse, sys\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -143,6 +145,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--burst-timeout", type=float, default=600)
+    p.add_argument(
+        "--chunked",
+        action="store_true",
+        help="also our serve with --batching chunked (vLLM's step settings on a CPU), as 'chunked'",
+    )
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -155,6 +162,7 @@ def main() -> None:
     ours_args += ["--model", str(args.model)]
     ours_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port)]
     before_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 2)]
+    chunked_cmd = [*args.our_cmd.split(), *ours_args, *CHUNKED, "--port", str(args.port + 3)]
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model)]
     vllm_cmd += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(args.port + 1)]
     vllm_cmd += ["--dtype", args.dtype] + (["--enforce-eager"] if args.vllm_eager else [])
@@ -171,7 +179,10 @@ def main() -> None:
         if args.baseline is not None:
             procs["before"] = start(before_cmd, {"PYTHONPATH": str(args.baseline)}, work / "before.log")
             started["before"] = wait_ready(procs["before"], args.port + 2, work / "before.log", args.start_timeout)
-        ports = {"ours": args.port, "vllm": args.port + 1, "before": args.port + 2}
+        if args.chunked:
+            procs["chunked"] = start(chunked_cmd, {}, work / "chunked.log")
+            started["chunked"] = wait_ready(procs["chunked"], args.port + 3, work / "chunked.log", args.start_timeout)
+        ports = {"ours": args.port, "vllm": args.port + 1, "before": args.port + 2, "chunked": args.port + 3}
         names = list(procs)
         for name in names:  # warm-up
             burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}")
@@ -199,6 +210,7 @@ def main() -> None:
         "settings": {
             "dtype": args.dtype,
             "ours": "serve " + " ".join(ours_args),
+            "chunked": "serve " + " ".join([*ours_args, *CHUNKED]) if args.chunked else None,
             "vllm": " ".join(vllm_cmd[3:]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",

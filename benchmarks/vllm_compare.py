@@ -128,10 +128,11 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def bench(trace: Path, url: str, out: Path, deadline_s: float, request_timeout_s: float) -> None:
+def bench(trace: Path, url: str, out: Path, deadline_s: float, request_timeout_s: float, prompt_seed: int = 0) -> None:
     """`slora-vtc bench-http --api openai`, as a user runs it (what it prints goes to our output)."""
     cmd = [sys.executable, "-m", "slora_vtc", "bench-http", str(trace), "--url", url, "--api", "openai"]
     cmd += ["--out", str(out), "--deadline", str(deadline_s), "--request-timeout", str(request_timeout_s)]
+    cmd += ["--prompt-seed", str(prompt_seed)]
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 

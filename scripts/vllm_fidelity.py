@@ -11,14 +11,15 @@
    replayed: `overload` (Fig 3), `on_off_overload` (Fig 6), `poisson_short_long_2` (Fig 8) and
    `real` (the LMSYS trace's arrivals and lengths, Fig 11-14).
 3. Replays each workload through vLLM with the plugin's `vtc` (the same server) and then `fcfs` (a
-   second start), with bench-http, every run cut at `--deadline` s.
+   second start), with bench-http, each run with prompts of its own (`--prompt-seed`: vLLM's prefix
+   cache, on as by default, finds nothing of an earlier run's), until every request has finished.
 4. Simulates each run: `slora-vtc replay TRACE --batching chunked --testbed TESTBED` with vLLM's
-   step settings and KV cache size (read from its log) and the same cut, and compares: throughput
-   (tokens computed per second while requests arrive) within 5%, each tenant's share of the service
-   within 3 points, each tenant's mean time to first token within 10% or 0.5 s (tenants with at
-   least 20 finished requests).
+   step settings and KV cache size (read from its log), and compares: throughput (prompt and output
+   tokens over the time to the last finish) within 5%, each tenant's share of the service while
+   requests arrive within 3 points, each tenant's mean time to first token within 10% or 0.5 s
+   (tenants with at least 20 finished requests).
 
-Writes benchmarks/results/vllm_fidelity/ (traces, result files, the step log, the testbed) and
+Writes benchmarks/results/vllm_fidelity/ (traces, result files, the calibration's steps, the testbed) and
 benchmarks/results/vllm_fidelity.json (what docs/vllm.md and paper_repro.md quote). Run it on a quiet
 machine (nothing else running): the calibration holds only for the conditions it was measured in.
 
@@ -45,7 +46,6 @@ sys.path.insert(0, str(REPO))
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.vllm_compare import bench, server, vllm_command, warm_up  # noqa: E402
 from slora_vtc import metrics  # noqa: E402
-from slora_vtc.cost import LinearCost  # noqa: E402
 from slora_vtc.results import read_results  # noqa: E402
 from slora_vtc.suites import get_suite  # noqa: E402
 from slora_vtc.traces import write_trace  # noqa: E402
@@ -54,6 +54,7 @@ from tests.vllm.server import CPU_ENV, plugin_args  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "vllm_fidelity"
 SUMMARY = REPO / "benchmarks" / "results" / "vllm_fidelity.json"
+TABLE = REPO / "benchmarks" / "results" / "vllm_fidelity.md"  # included whole by docs/vllm.md and paper_repro.md
 WORKLOADS = ("overload", "on_off_overload", "poisson_short_long_2", "real")
 SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
 TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
@@ -67,8 +68,8 @@ class Settings:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
     block_size: int = 128
-    seconds: float = 40.0  # of each workload's arrivals
-    deadline: float = 70.0  # each run is cut here
+    seconds: float = 30.0  # of each workload's arrivals
+    deadline: float = 400.0  # a run still going then is cut (every request should have finished long before)
     calibration_phase_s: float = 20.0
     port: int = 8160
 
@@ -152,8 +153,7 @@ def kv_cache_tokens(log: Path) -> int:
 def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bool) -> dict:
     """One vLLM start with the plugin running `scheduler`: the calibration run first if asked, then
     the workloads already written; returns what the runs need to be simulated."""
-    step_log = OUT / f"steps_{scheduler}.jsonl"
-    step_log.unlink(missing_ok=True)
+    step_log = args.logs / f"steps_{scheduler}.jsonl"  # beside vLLM's log; the calibration's steps are kept
     config = {"scheduler": scheduler, "step_log": str(step_log)}
     url = f"http://127.0.0.1:{s.port}"
     cmd = vllm_command(
@@ -166,9 +166,10 @@ def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bo
         if calibrate:
             calibrate_on(url, step_log, s)
             runs = [*runs, *write_workloads(s, pool)] if not runs else runs
-        for name in runs:
+        for k, name in enumerate(runs):  # prompts never seen by this server: no prefix-cache hit across runs
             print(f"[vllm-{scheduler}] {name}", flush=True)
-            bench(OUT / f"{name}.trace.jsonl", url, OUT / f"{name}_{scheduler}.vllm.jsonl", s.deadline, s.deadline)
+            out, seed = OUT / f"{name}_{scheduler}.vllm.jsonl", 10 * (SCHEDULERS.index(scheduler) + 1) + k
+            bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
     return {"pool_tokens": pool, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
 
 
@@ -177,7 +178,7 @@ def calibrate_on(url: str, step_log: Path, s: Settings) -> None:
     trace = OUT / "calibration.trace.jsonl"
     write_trace(calibration_trace(s), trace)
     before = _lines(step_log)
-    bench(trace, url, OUT / "calibration.vllm.jsonl", s.deadline + 30, s.deadline + 30)
+    bench(trace, url, OUT / "calibration.vllm.jsonl", s.deadline, s.deadline, prompt_seed=1)
     lines = step_log.read_text().splitlines()[before:]
     (OUT / "calibration.steps.jsonl").write_text("\n".join(lines) + "\n")
     cmd = [sys.executable, "-m", "slora_vtc", "calibrate", "--vllm-steps", str(OUT / "calibration.steps.jsonl")]
@@ -201,16 +202,18 @@ def write_workloads(s: Settings, pool: int) -> list[str]:
 
 
 def observed(path: Path, seconds: float) -> dict:
-    """Throughput, shares and mean TTFT of one result file, over the arrivals [0, seconds]."""
+    """Of one result file: throughput (prompt and output tokens of the finished requests over the time
+    until the last finished), each tenant's share of the service while requests arrive ([0, seconds],
+    the paper's cost), and each tenant's mean TTFT."""
     (result,) = read_results(path)
-    tokens = metrics.window_service_rates(result, 0.0, seconds, LinearCost(1.0, 1.0))
+    done = result.array("status") == "finished"
+    makespan = float((result.array("req_time") + result.array("request_latency"))[done].max())
+    tokens = float((result.array("prompt_len") + result.array("output_len"))[done].sum())
     service = metrics.window_service_rates(result, 0.0, seconds)
     total = sum(service.values()) or 1.0
-    finished = {
-        c: int(((result.array("client") == c) & (result.array("status") == "finished")).sum()) for c in result.clients
-    }
+    finished = {c: int((done & (result.array("client") == c)).sum()) for c in result.clients}
     return {
-        "throughput_tok_s": sum(tokens.values()),
+        "throughput_tok_s": tokens / makespan,
         "share_pct": {c: 100.0 * service.get(c, 0.0) / total for c in result.clients},
         "ttft_mean_s": {c: metrics.mean_response_time(result, c) for c in result.clients},
         "finished": finished,
@@ -264,6 +267,33 @@ def _row(name: str, scheduler: str, row: dict) -> str:
     return f"{name:22s} {scheduler:5s} {tokens} {shares}  TTFT sim/vllm {ttft}"
 
 
+def markdown_table(runs: dict) -> str:
+    """One row per run: throughput, the largest share error, each compared tenant's mean TTFT, verdict."""
+    lines = [
+        "| workload | scheduler | tokens/s: vLLM, simulated | shares: largest error | mean TTFT (s): vLLM, simulated "
+        f"(tenants with {MIN_REQUESTS}+ finished) | within the targets |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, row in runs.items():
+        name, scheduler = key.split("/")
+        real, sim = row["vllm"]["throughput_tok_s"], row["sim"]["throughput_tok_s"]
+        ttft = "; ".join(f"{c} {v['vllm']:.2f}, {v['sim']:.2f}" for c, v in row["ttft_pairs"].items()) or "none"
+        lines.append(
+            f"| {name} | {scheduler} | {real:,.0f}, {sim:,.0f} ({row['throughput_error']:+.1%}) "
+            f"| {row['share_points']:.1f} points | {ttft} | {_verdict_words(row)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_words(row: dict) -> str:
+    missed = [
+        what
+        for what, ok in (("throughput", row["throughput_ok"]), ("shares", row["shares_ok"]), ("TTFT", row["ttft_ok"]))
+        if not ok
+    ]
+    return "yes" if not missed else "no: " + ", ".join(missed)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-python", required=True, help="the python of a venv with vLLM (.venv-vllm/bin/python)")
@@ -284,7 +314,8 @@ def main() -> int:
     record["runs"] = compare(s, record["servers"])
     record["targets"] = TARGETS
     SUMMARY.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {SUMMARY.relative_to(REPO)} ({time.time() - started:.0f} s)")
+    TABLE.write_text(markdown_table(record["runs"]))
+    print(f"wrote {SUMMARY.relative_to(REPO)} and {TABLE.relative_to(REPO)} ({time.time() - started:.0f} s)")
     return 0
 
 

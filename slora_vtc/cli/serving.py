@@ -59,6 +59,7 @@ def cmd_bench_http(args) -> int:
             model=args.model,
             request_timeout_s=args.request_timeout,
             deadline_s=args.deadline,
+            prompt_seed=args.prompt_seed,
         )
     )
     code = report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
@@ -170,5 +171,12 @@ def add_parsers(sub) -> None:
         "--deadline",
         type=float,
         help="abort whatever is left after this many seconds of the run (default: last send + request timeout)",
+    )
+    bench.add_argument(
+        "--prompt-seed",
+        type=int,
+        default=0,
+        help="--api openai: which random prompts (default 0); runs with different seeds share no prompt, so that a "
+        "server's prefix cache finds nothing of an earlier run's",
     )
     bench.set_defaults(func=cmd_bench_http)

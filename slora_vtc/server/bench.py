@@ -40,6 +40,7 @@ class BenchConfig:
     model: str | None = None  # openai: the model to ask for (default: the first the server lists)
     request_timeout_s: float = 600.0  # a request still going after this (wall-clock) is aborted
     deadline_s: float | None = None  # wall-clock seconds for the whole run (default: last send + request timeout)
+    prompt_seed: int = 0  # openai: which random prompts (bench_openai.prompt_ids)
 
     def check(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -48,6 +49,10 @@ class BenchConfig:
             raise UserError(f"--api must be one of {', '.join(APIS)}, got '{self.api}'")
         if self.model is not None and self.api != "openai":
             raise UserError("--model is for --api openai (S-LoRA's /generate_stream serves one model)")
+        if self.prompt_seed and self.api != "openai":
+            raise UserError(
+                "--prompt-seed is for --api openai (the S-LoRA sender sends one dummy token id, the artifact's way)"
+            )
         for flag, value in (
             ("--time-scale", self.time_scale),
             ("--duration", self.duration),
@@ -76,7 +81,7 @@ def _sender(config: BenchConfig, url: str) -> Sender:
     if config.api == "openai":
         from slora_vtc.server.bench_openai import OpenAISender
 
-        return OpenAISender(url, config.model, config.connect_timeout_s)
+        return OpenAISender(url, config.model, config.connect_timeout_s, config.prompt_seed)
     from slora_vtc.server.bench_slora import SloraSender
 
     return SloraSender(url, config.connect_timeout_s)

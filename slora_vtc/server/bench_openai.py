@@ -24,14 +24,15 @@ PROMPT_TOKENS = range(3, 256)  # not the special tokens 0-2 (unk, bos, eos); in 
 FINISHED = ("length", "stop")
 
 
-def prompt_ids(index: int, length: int) -> list[int]:
-    """The token ids of trace request `index`'s prompt (the same on every run)."""
-    return random.Random(index).choices(PROMPT_TOKENS, k=length)
+def prompt_ids(index: int, length: int, seed: int = 0) -> list[int]:
+    """The token ids of trace request `index`'s prompt: the same on every run with the same `seed`,
+    nothing shared with another seed's."""
+    return random.Random(index if seed == 0 else f"{seed}/{index}").choices(PROMPT_TOKENS, k=length)
 
 
 class OpenAISender:
-    def __init__(self, url: str, model: str | None, connect_timeout_s: float):
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str | None, connect_timeout_s: float, prompt_seed: int = 0):
+        self.url, self.model, self.prompt_seed = url, model, prompt_seed
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
         self.http = openai.DefaultAsyncHttpxClient(limits=limits)
         self.client = openai.AsyncOpenAI(
@@ -80,7 +81,7 @@ class OpenAISender:
         try:
             stream = await self.client.completions.create(
                 model=self.model,
-                prompt=prompt_ids(index, rec.prompt_len),
+                prompt=prompt_ids(index, rec.prompt_len, self.prompt_seed),
                 max_tokens=rec.output_len,
                 temperature=0.0,
                 stream=True,

@@ -122,6 +122,8 @@ def test_bad_input_is_one_line_and_exit_2(server, tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert main(["bench-http", trace, "--url", server.url, "--model", "tiny"]) == 2  # --model needs --api openai
     assert "--model is for --api openai" in capsys.readouterr().err
+    assert main(["bench-http", trace, "--url", server.url, "--prompt-seed", "2"]) == 2
+    assert "--prompt-seed is for --api openai" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -130,3 +132,6 @@ def test_prompts_are_the_trace_lengths_of_ordinary_tokens_and_differ_between_req
     assert all(len(p) == 64 and set(p) <= set(PROMPT_TOKENS) for p in prompts)
     assert len({tuple(p[:16]) for p in prompts}) == 50  # no two share even a first block: no prefix-cache hit
     assert prompt_ids(7, 64) == prompts[7]  # the same prompts on every run
+    others = [prompt_ids(i, 64, seed=3) for i in range(50)]  # another seed's: not one first block in common
+    assert not {tuple(p[:16]) for p in prompts} & {tuple(p[:16]) for p in others}
+    assert others == [prompt_ids(i, 64, seed=3) for i in range(50)]
