@@ -73,11 +73,13 @@ def run_block(setup: str, model: str, repeats: int, seed: int) -> list[float]:
 def block(setup: str, model: Path, repeats: int, seed: int) -> list[float]:
     """One block in a child process (its engine gone with it)."""
     env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO)}
+    result = Path(tempfile.mkdtemp()) / "rates.json"  # vLLM logs to stdout: the rates go to a file
     cmd = [sys.executable, __file__, "--block", setup, "--model", str(model), "--repeats", str(repeats)]
-    done = subprocess.run([*cmd, "--seed", str(seed)], env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {setup} block failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    cmd += ["--seed", str(seed), "--result", str(result)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not result.exists():
+        raise RuntimeError(f"the {setup} block failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(result.read_text())
 
 
 def summary(rates: list[float]) -> dict:
@@ -115,9 +117,10 @@ def main() -> None:
     parser.add_argument("--block", choices=("stock", "plugin"), help=argparse.SUPPRESS)  # a child's one block
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.block:
-        print(json.dumps(run_block(opts.block, opts.model, opts.repeats, opts.seed)))
+        Path(opts.result).write_text(json.dumps(run_block(opts.block, opts.model, opts.repeats, opts.seed)))
         return
     import vllm
 

@@ -8,8 +8,9 @@
 2. Scales the paper's workloads to this model's speed: time is stretched by the ratio of the
    simulated throughputs on the overload suite (the paper's A10G testbed over the calibrated one),
    so each workload loads vLLM as the paper's loaded the A10G; the first `--seconds` of each are
-   replayed: `overload` (Fig 3), `on_off_overload` (Fig 6), `poisson_short_long_2` (Fig 8) and
-   `real` (the LMSYS trace's arrivals and lengths, Fig 11-14).
+   replayed: `overload` (Fig 3), `poisson_short_long_2` (Fig 8) and `real` (the LMSYS trace's
+   arrivals and lengths, Fig 11-14); of `on_off_overload` (Fig 6), its seconds 100 to 130, where
+   client 0 comes back after 20 s off.
 3. Replays each workload through vLLM with the plugin's `vtc` (the same server) and then `fcfs` (a
    second start), with bench-http, each run with prompts of its own (`--prompt-seed`: vLLM's prefix
    cache, on as by default, finds nothing of an earlier run's), until every request has finished.
@@ -55,7 +56,14 @@ from tests.vllm.server import CPU_ENV, plugin_args  # noqa: E402
 OUT = REPO / "benchmarks" / "results" / "vllm_fidelity"
 SUMMARY = REPO / "benchmarks" / "results" / "vllm_fidelity.json"
 TABLE = REPO / "benchmarks" / "results" / "vllm_fidelity.md"  # included whole by docs/vllm.md and paper_repro.md
-WORKLOADS = ("overload", "on_off_overload", "poisson_short_long_2", "real")
+# where the replayed piece of each suite starts (s of the suite) and how long it lasts there (None: --seconds
+# of wall time); the on/off piece holds client 0's return at 120 s, after 20 s off: the moment VTC's lift is for
+WORKLOADS = {
+    "overload": (0.0, None),
+    "on_off_overload": (100.0, 30.0),
+    "poisson_short_long_2": (0.0, None),
+    "real": (0.0, None),
+}
 SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
 TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
 MIN_REQUESTS = 20  # a tenant's mean TTFT is compared from this many finished requests
@@ -99,11 +107,12 @@ def calibration_trace(s: Settings, seed: int = 7) -> list[RequestSpec]:
     return records
 
 
-def scaled_workload(suite: str, stretch: float, seconds: float) -> list[RequestSpec]:
-    """The suite's requests with their arrivals `stretch` times later, those before `seconds`."""
-    specs = get_suite(suite).workload(seconds / stretch).specs
-    stretched = (RequestSpec(r.client, r.prompt_len, r.output_len, r.arrival * stretch) for r in specs)
-    return sorted((r for r in stretched if r.arrival < seconds), key=lambda r: r.arrival)
+def scaled_workload(suite: str, stretch: float, start: float, span: float) -> list[RequestSpec]:
+    """The suite's requests arriving in [start, start + span), from 0 on and `stretch` times later."""
+    specs = get_suite(suite).workload(start + span).specs
+    kept = [r for r in specs if start <= r.arrival < start + span]
+    moved = (RequestSpec(r.client, r.prompt_len, r.output_len, (r.arrival - start) * stretch) for r in kept)
+    return sorted(moved, key=lambda r: r.arrival)
 
 
 # -- the simulator --------------------------------------------------------------------------------
@@ -115,7 +124,7 @@ def simulate(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings,
     cmd = [sys.executable, "-m", "slora_vtc", "replay", str(trace), "--scheduler", scheduler]
     cmd += ["--testbed", str(testbed), "--pool-tokens", str(pool), "--added-tokens", "0", "--adapters", "0"]
     cmd += [*s.sim_args(), "--out", str(out)]
-    cmd += ["--duration", str(extra.get("duration", s.seconds)), "--horizon", str(extra.get("horizon", s.deadline))]
+    cmd += ["--duration", str(extra["duration"]), "--horizon", str(extra.get("horizon", s.deadline))]
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
     return out
 
@@ -124,7 +133,7 @@ def stretch_factor(testbed: Path, pool: int, s: Settings) -> float:
     """How much slower than the paper's A10G this model serves: the ratio of the two simulated
     throughputs (the A10G with the paper's engine, this model as calibrated and configured) on a
     burst of the overload suite's requests (its first minute, all sent at once)."""
-    burst = [RequestSpec(r.client, r.prompt_len, r.output_len, 0.0) for r in scaled_workload("overload", 1.0, 60.0)]
+    burst = [RequestSpec(r.client, r.prompt_len, r.output_len, 0.0) for r in scaled_workload("overload", 1, 0, 60)]
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "burst.jsonl"
         write_trace(burst, trace)
@@ -190,11 +199,15 @@ def _lines(path: Path) -> int:
 
 
 def write_workloads(s: Settings, pool: int) -> list[str]:
+    """Each workload's trace, and how long its arrivals last (s), in `scaling.json`."""
     stretch = stretch_factor(OUT / "testbed.json", pool, s)
     print(f"the paper's workloads stretched {stretch:.2f}x in time", flush=True)
-    (OUT / "stretch.json").write_text(json.dumps({"stretch": stretch}) + "\n")
-    for name in WORKLOADS:
-        write_trace(scaled_workload(name, stretch, s.seconds), OUT / f"{name}.trace.jsonl")
+    arrivals = {}
+    for name, (start, span) in WORKLOADS.items():
+        span = s.seconds / stretch if span is None else span
+        write_trace(scaled_workload(name, stretch, start, span), OUT / f"{name}.trace.jsonl")
+        arrivals[name] = span * stretch
+    (OUT / "scaling.json").write_text(json.dumps({"stretch": stretch, "arrivals_s": arrivals}) + "\n")
     return list(WORKLOADS)
 
 
@@ -240,20 +253,14 @@ def verdict(real: dict, sim: dict) -> dict:
     }
 
 
-def compare(s: Settings, runs: dict) -> dict:
+def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
     testbed, table = OUT / "testbed.json", {}
     for scheduler, info in runs.items():
-        for name in WORKLOADS:
-            real = OUT / f"{name}_{scheduler}.vllm.jsonl"
-            sim = simulate(
-                OUT / f"{name}.trace.jsonl",
-                scheduler,
-                testbed,
-                info["pool_tokens"],
-                s,
-                OUT / f"{name}_{scheduler}.sim.jsonl",
-            )
-            measured, predicted = observed(real, s.seconds), observed(sim, s.seconds)
+        for name, seconds in arrivals_s.items():
+            real, trace = OUT / f"{name}_{scheduler}.vllm.jsonl", OUT / f"{name}.trace.jsonl"
+            out = OUT / f"{name}_{scheduler}.sim.jsonl"
+            sim = simulate(trace, scheduler, testbed, info["pool_tokens"], s, out, duration=seconds)
+            measured, predicted = observed(real, seconds), observed(sim, seconds)
             table[f"{name}/{scheduler}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
             print(_row(name, scheduler, table[f"{name}/{scheduler}"]), flush=True)
     return table
@@ -311,7 +318,7 @@ def main() -> int:
         record = json.loads(SUMMARY.read_text())
     else:
         record = measure(args, s)
-    record["runs"] = compare(s, record["servers"])
+    record["runs"] = compare(s, record["servers"], record["scaling"]["arrivals_s"])
     record["targets"] = TARGETS
     SUMMARY.write_text(json.dumps(record, indent=1) + "\n")
     TABLE.write_text(markdown_table(record["runs"]))
@@ -331,7 +338,8 @@ def measure(args, s: Settings) -> dict:
         "machine": machine_info(),
         "settings": asdict(s),
         "model": {"hidden": 512, "layers": 8} if "fidelity-llama" in str(args.model_dir) else str(args.model_dir),
-        "stretch": json.loads((OUT / "stretch.json").read_text())["stretch"],
+        "scaling": json.loads((OUT / "scaling.json").read_text()),
+        "testbed": json.loads((OUT / "testbed.json").read_text()),
         "servers": servers,
     }
 

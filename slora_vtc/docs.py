@@ -38,6 +38,8 @@ SOURCES = {
     "vplugin": "benchmarks/results/vllm_plugin.json",  # benchmarks/vllm_plugin.py (in .venv-vllm)
     "setups": "benchmarks/results/vllm_setups.json",  # benchmarks/vllm_compare.py (needs vLLM)
     "vsteps": "benchmarks/results/vllm_steps.json",  # benchmarks/vllm_steps.py (its runs need vLLM)
+    "vfid": "benchmarks/results/vllm_fidelity.json",  # scripts/vllm_fidelity.py (needs vLLM)
+    "voff": "benchmarks/results/vllm_plugin_offline.json",  # benchmarks/vllm_plugin_offline.py (in .venv-vllm)
     "vsvllm": "benchmarks/results/serve_vs_vllm.json",  # benchmarks/serve_vs_vllm.py
     "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
