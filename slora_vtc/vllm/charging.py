@@ -79,20 +79,33 @@ class Charging:
         return seen
 
     def after_update(self, seen: list[tuple[Tracked, int]]) -> None:
+        """Charge the tokens the step delivered: a tenant's requests that each got one token in one
+        `on_decode_step` (the usual step), any other token on its own."""
         now = self.now()
+        one_token: dict[str, list] = {}
         for t, before in seen:
-            vreq = t.vreq
-            after = vreq.num_output_tokens
-            for n in range(before, after):
-                if t.free_token:
-                    t.free_token = False
-                    continue
-                t.mirror.generated = n
-                self.stats.charge(t.tenant, self.scheduler.on_decode_step([t.mirror], now))
+            after = t.vreq.num_output_tokens
+            if after == before + 1 and not t.free_token:
+                t.mirror.generated = before
+                one_token.setdefault(t.tenant, []).append(t.mirror)
+            else:
+                self._charge_each(t, before, after, now)
+        for tenant, mirrors in one_token.items():
+            self.stats.charge(tenant, self.scheduler.on_decode_step(mirrors, now))
+        for t, before in seen:
+            after = t.vreq.num_output_tokens
             self.stats.produced(t.tenant, after - before)
             t.mirror.generated = after
-            if vreq.is_finished():
+            if t.vreq.is_finished():
                 self.finished(t, now)
+
+    def _charge_each(self, t: Tracked, before: int, after: int, now: float) -> None:
+        for n in range(before, after):
+            if t.free_token:  # the first token after a prefill: the prefill paid for it
+                t.free_token = False
+                continue
+            t.mirror.generated = n
+            self.stats.charge(t.tenant, self.scheduler.on_decode_step([t.mirror], now))
 
     def finished(self, t: Tracked, now: float) -> None:
         if t.where is Where.RUNNING:
