@@ -47,6 +47,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.vllm_compare import bench, server, vllm_command, warm_up  # noqa: E402
 from slora_vtc import metrics  # noqa: E402
+from slora_vtc.calibrate_steps import TERMS as STEP_TERMS  # noqa: E402
+from slora_vtc.calibrate_steps import VllmStepModel  # noqa: E402
 from slora_vtc.results import read_results  # noqa: E402
 from slora_vtc.suites import get_suite  # noqa: E402
 from slora_vtc.traces import write_trace  # noqa: E402
@@ -175,11 +177,27 @@ def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bo
         if calibrate:
             calibrate_on(url, step_log, s)
             runs = [*runs, *write_workloads(s, pool)] if not runs else runs
-        for k, name in enumerate(runs):  # prompts never seen by this server: no prefix-cache hit across runs
-            print(f"[vllm-{scheduler}] {name}", flush=True)
-            out, seed = OUT / f"{name}_{scheduler}.vllm.jsonl", 10 * (SCHEDULERS.index(scheduler) + 1) + k
-            bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
-    return {"pool_tokens": pool, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
+        conditions = {name: one_run(url, step_log, scheduler, k, name, s) for k, name in enumerate(runs)}
+    return {"pool_tokens": pool, "runs": conditions}
+
+
+def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Settings) -> dict:
+    """bench-http of one workload, with prompts this server never saw (no prefix-cache hit across runs);
+    how the machine ran it: the load average, and how long vLLM's steps took against the calibrated
+    model's time for the same steps (1: as during the calibration; above: the machine was slower)."""
+    print(f"[vllm-{scheduler}] {name}", flush=True)
+    out, seed = OUT / f"{name}_{scheduler}.vllm.jsonl", 10 * (SCHEDULERS.index(scheduler) + 1) + k
+    before, load = _lines(step_log), os.getloadavg()[0]
+    bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
+    steps = [json.loads(line) for line in step_log.read_text().splitlines()[before:]]
+    return {"loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)], "step_time_ratio": _step_ratio(steps)}
+
+
+def _step_ratio(steps: list[dict]) -> float:
+    model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
+    busy = [r for r in steps if r["prefill_tokens"] or r["decode_reqs"]]
+    fitted = sum(model.mixed_time(*(r[t] for t in STEP_TERMS)) - model.gap_s for r in busy)
+    return sum(r["wall_s"] for r in busy) / fitted
 
 
 def calibrate_on(url: str, step_log: Path, s: Settings) -> None:
@@ -261,7 +279,13 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
             out = OUT / f"{name}_{scheduler}.sim.jsonl"
             sim = simulate(trace, scheduler, testbed, info["pool_tokens"], s, out, duration=seconds)
             measured, predicted = observed(real, seconds), observed(sim, seconds)
-            table[f"{name}/{scheduler}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
+            machine = info.get("runs", {}).get(name, {})
+            table[f"{name}/{scheduler}"] = {
+                "vllm": measured,
+                "sim": predicted,
+                **verdict(measured, predicted),
+                **machine,
+            }
             print(_row(name, scheduler, table[f"{name}/{scheduler}"]), flush=True)
     return table
 
@@ -278,8 +302,9 @@ def markdown_table(runs: dict) -> str:
     """One row per run: throughput, the largest share error, each compared tenant's mean TTFT, verdict."""
     lines = [
         "| workload | scheduler | tokens/s: vLLM, simulated | shares: largest error | mean TTFT (s): vLLM, simulated "
-        f"(tenants with {MIN_REQUESTS}+ finished) | within the targets |",
-        "|---|---|---|---|---|---|",
+        f"(tenants with {MIN_REQUESTS}+ finished) | within the targets | vLLM's steps against the calibrated model; "
+        "the throughput predicted at that speed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, row in runs.items():
         name, scheduler = key.split("/")
@@ -287,9 +312,20 @@ def markdown_table(runs: dict) -> str:
         ttft = "; ".join(f"{c} {v['vllm']:.2f}, {v['sim']:.2f}" for c, v in row["ttft_pairs"].items()) or "none"
         lines.append(
             f"| {name} | {scheduler} | {real:,.0f}, {sim:,.0f} ({row['throughput_error']:+.1%}) "
-            f"| {row['share_points']:.1f} points | {ttft} | {_verdict_words(row)} |"
+            f"| {row['share_points']:.1f} points | {ttft} | {_verdict_words(row)} | {_machine_words(row)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _machine_words(row: dict) -> str:
+    """How fast the machine ran vLLM's steps during the run, and the throughput predicted at that speed
+    (the simulated time stretched by it): what is left of the error is the simulator's, not the machine's."""
+    if "step_time_ratio" not in row:
+        return "-"
+    ratio = row["step_time_ratio"]
+    at_speed = row["sim"]["throughput_tok_s"] / ratio / row["vllm"]["throughput_tok_s"] - 1.0
+    load = row["loadavg_1m"]
+    return f"{ratio:.2f}x (load {load[0]:.1f} to {load[1]:.1f}); at that speed {at_speed:+.1%}"
 
 
 def _verdict_words(row: dict) -> str:
