@@ -50,6 +50,7 @@ from slora_vtc import metrics  # noqa: E402
 from slora_vtc.calibrate_steps import TERMS as STEP_TERMS  # noqa: E402
 from slora_vtc.calibrate_steps import VllmStepModel  # noqa: E402
 from slora_vtc.results import read_results  # noqa: E402
+from slora_vtc.steplog import StepRecord, read_step_log  # noqa: E402
 from slora_vtc.suites import get_suite  # noqa: E402
 from slora_vtc.traces import write_trace  # noqa: E402
 from slora_vtc.workload import RequestSpec  # noqa: E402
@@ -120,13 +121,15 @@ def scaled_workload(suite: str, stretch: float, start: float, span: float) -> li
 # -- the simulator --------------------------------------------------------------------------------
 
 
-def simulate(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, out: Path, **extra) -> Path:
+def simulate(
+    trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, out: Path, duration: float, horizon=None
+) -> Path:
     """`slora-vtc replay` of the trace, as vLLM served it: its step settings, pool, no adapters, no
     BOS added (bench-http sends token ids), cut at the deadline."""
     cmd = [sys.executable, "-m", "slora_vtc", "replay", str(trace), "--scheduler", scheduler]
     cmd += ["--testbed", str(testbed), "--pool-tokens", str(pool), "--added-tokens", "0", "--adapters", "0"]
     cmd += [*s.sim_args(), "--out", str(out)]
-    cmd += ["--duration", str(extra["duration"]), "--horizon", str(extra.get("horizon", s.deadline))]
+    cmd += ["--duration", str(duration), "--horizon", str(horizon or s.deadline)]
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
     return out
 
@@ -176,7 +179,7 @@ def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bo
         pool = kv_cache_tokens(log)
         if calibrate:
             calibrate_on(url, step_log, s)
-            runs = [*runs, *write_workloads(s, pool)] if not runs else runs
+            runs = write_workloads(s, pool)
         conditions = {name: one_run(url, step_log, scheduler, k, name, s) for k, name in enumerate(runs)}
     return {"pool_tokens": pool, "runs": conditions}
 
@@ -189,15 +192,15 @@ def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Sett
     out, seed = OUT / f"{name}_{scheduler}.vllm.jsonl", 10 * (SCHEDULERS.index(scheduler) + 1) + k
     before, load = _lines(step_log), os.getloadavg()[0]
     bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
-    steps = [json.loads(line) for line in step_log.read_text().splitlines()[before:]]
+    steps = read_step_log(step_log)[before:]  # one line a step: the lines after `before` are the run's
     return {"loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)], "step_time_ratio": _step_ratio(steps)}
 
 
-def _step_ratio(steps: list[dict]) -> float:
+def _step_ratio(steps: list[StepRecord]) -> float:
     model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
-    busy = [r for r in steps if r["prefill_tokens"] or r["decode_reqs"]]
-    fitted = sum(model.mixed_time(*(r[t] for t in STEP_TERMS)) - model.gap_s for r in busy)
-    return sum(r["wall_s"] for r in busy) / fitted
+    busy = [r for r in steps if r.prefill_tokens or r.decode_reqs]
+    fitted = sum(model.mixed_time(*(getattr(r, t) for t in STEP_TERMS)) - model.gap_s for r in busy)
+    return sum(r.wall_s for r in busy) / fitted
 
 
 def calibrate_on(url: str, step_log: Path, s: Settings) -> None:

@@ -43,10 +43,11 @@ class ServerConfig:
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
     prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)
-    batching: str = "slora"  # or "chunked": vLLM's steps (EngineConfig's fields of the same names)
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    block_size: int = 16
+    # S-LoRA's loop or vLLM's chunked steps: EngineConfig's fields of the same names, with its defaults
+    batching: str = EngineConfig.batching
+    max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
+    max_num_seqs: int = EngineConfig.max_num_seqs
+    block_size: int = EngineConfig.block_size
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:

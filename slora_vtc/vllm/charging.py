@@ -82,9 +82,9 @@ class Charging:
         """Charge the tokens the step delivered: a tenant's requests that each got one token in one
         `on_decode_step` (the usual step), any other token on its own."""
         now = self.now()
+        delivered = [(t, before, t.vreq.num_output_tokens) for t, before in seen]
         one_token: dict[str, list] = {}
-        for t, before in seen:
-            after = t.vreq.num_output_tokens
+        for t, before, after in delivered:
             if after == before + 1 and not t.free_token:
                 t.mirror.generated = before
                 one_token.setdefault(t.tenant, []).append(t.mirror)
@@ -92,8 +92,7 @@ class Charging:
                 self._charge_each(t, before, after, now)
         for tenant, mirrors in one_token.items():
             self.stats.charge(tenant, self.scheduler.on_decode_step(mirrors, now))
-        for t, before in seen:
-            after = t.vreq.num_output_tokens
+        for t, before, after in delivered:
             self.stats.produced(t.tenant, after - before)
             t.mirror.generated = after
             if t.vreq.is_finished():
