@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from openai import AsyncOpenAI
+from openai import APIConnectionError, AsyncOpenAI
 
 VOCAB = range(3, 250)  # the tiny model's ordinary tokens (0-2 are special)
 
@@ -46,6 +46,7 @@ class Served:
     token_times: list[float] = field(default_factory=list)
     usages: list[tuple[int, int]] = field(default_factory=list)  # (prompt_tokens, completion_tokens)
     errors: list[str] = field(default_factory=list)
+    resets: list[str] = field(default_factory=list)  # connections reset before any of the answer came (`is_reset`)
 
     def tokens_between(self, start: float, end: float) -> int:
         return sum(start <= t < end for t in self.token_times)
@@ -65,6 +66,16 @@ async def complete(api: AsyncOpenAI, tenant: str, ids: list[int], max_tokens: in
             served.usages.append((chunk.usage.prompt_tokens, chunk.usage.completion_tokens))
 
 
+def is_reset(error: BaseException) -> bool:
+    """The openai client's connection error caused by the connection being reset (ECONNRESET)."""
+    if not isinstance(error, APIConnectionError):
+        return False
+    cause = error.__cause__
+    while cause is not None and not isinstance(cause, ConnectionResetError):
+        cause = cause.__cause__ or cause.__context__
+    return cause is not None
+
+
 async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, prompt_len: int,
                       max_tokens: tuple[int, int], seed: int = 0) -> dict[str, Served]:  # fmt: skip
     """Each tenant keeps `in_flight[tenant]` requests going for `seconds`, each asking for a number of
@@ -76,11 +87,14 @@ async def closed_loop(url: str, in_flight: dict[str, int], seconds: float, promp
 
     async def worker(tenant: str) -> None:
         while time.monotonic() < deadline:
+            received = len(served[tenant].token_times)
             try:
                 tokens = rng.randint(*max_tokens)
                 await complete(api, tenant, prompt(rng, prompt_len), tokens, served[tenant])
-            except Exception as e:  # noted; the test decides
-                served[tenant].errors.append(repr(e))
+            except Exception as e:  # noted, with its cause (the openai client's own error hides it); the test decides
+                said = f"{e!r} from {e.__cause__!r}" if e.__cause__ else repr(e)
+                answered = len(served[tenant].token_times) > received
+                (served[tenant].resets if is_reset(e) and not answered else served[tenant].errors).append(said)
                 await asyncio.sleep(0.1)
 
     tasks = [asyncio.create_task(worker(t)) for t, n in in_flight.items() for _ in range(n)]
