@@ -23,6 +23,7 @@ def cmd_gateway(args) -> int:
             metrics_key=args.metrics_key,
             drain_s=args.drain_timeout,
             client_idle_s=args.client_idle_timeout,
+            keep_alive_s=args.keep_alive_timeout,
         )
     )
     return 0
@@ -91,6 +92,13 @@ def add_parsers(sub) -> None:
         type=float,
         default=30.0,
         help="on SIGINT/SIGTERM, seconds to let requests finish before cancelling them (default 30)",
+    )
+    gw.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=75.0,
+        help="close an idle client connection after this many seconds (default 75: longer than clients such as "
+        "httpx and openai keep idle connections, so that none is closed as a client reuses it)",
     )
     gw.add_argument(
         "--log-level",

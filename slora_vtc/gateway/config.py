@@ -44,6 +44,9 @@ class GatewayConfig:
         600.0  # a client with nothing waiting or in flight this long is forgotten (VTC lifts it on return)
     )
     drain_s: float = 30.0  # on SIGINT / SIGTERM: let in-flight and queued requests finish this long, then cancel them
+    # an idle client connection is closed after this long: longer than clients keep idle connections for reuse
+    # (httpx and the openai client: 5 s), so that the gateway never closes one as a client sends a request on it
+    keep_alive_s: float = 75.0
 
     def check(self) -> None:
         if not self.upstreams:
@@ -68,6 +71,7 @@ class GatewayConfig:
             ("--upstream-timeout", self.upstream_timeout_s),
             ("--probe-interval", self.probe_interval_s),
             ("--client-idle-timeout", self.client_idle_s),
+            ("--keep-alive-timeout", self.keep_alive_s),
         ):
             if not 0 < value < float("inf"):
                 raise UserError(f"{flag} must be a positive number of seconds, got {value}")

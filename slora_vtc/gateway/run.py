@@ -71,6 +71,7 @@ def server_for(ctx: GatewayContext, **overrides) -> uvicorn.Server:
         log_level=ctx.config.log_level,
         lifespan="on",
         timeout_graceful_shutdown=math.ceil(ctx.config.drain_s),
+        timeout_keep_alive=ctx.config.keep_alive_s,
     )
     return uvicorn.Server(uvicorn.Config(create_app(ctx), **{**settings, **overrides}))
 

@@ -20,6 +20,10 @@ from tests.helpers.server import free_port
         (["--upstream", "http://127.0.0.1:1", "--scheduler", "nope"], "scheduler"),
         (["--upstream", "http://127.0.0.1:1", "--max-inflight", "0"], "--max-inflight must be positive"),
         (["--upstream", "http://127.0.0.1:1", "--clients", "/no/such/clients.toml"], "cannot read clients file"),
+        (
+            ["--upstream", "http://127.0.0.1:1", "--keep-alive-timeout", "0"],
+            "--keep-alive-timeout must be a positive number of seconds",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(capsys, args, message):
@@ -53,3 +57,18 @@ def test_the_gateway_loads_no_model_code():
         "import slora_vtc.cli.gateway, slora_vtc.gateway.run, slora_vtc.gateway.app, slora_vtc.serving.ledger"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def test_idle_client_connections_outlive_an_httpx_clients_pool():
+    """uvicorn closes an idle connection after the gateway's keep-alive (75 s unless given), longer than the
+    5 s for which httpx (and so the openai client) keeps one for reuse. With uvicorn's 5 s, a client that
+    sent a request on a connection idle for 5 s had it reset by the gateway's keep-alive timer firing in the
+    same moment (seen in front of real vLLM: tests/vllm/test_gateway.py)."""
+    from slora_vtc.gateway.config import GatewayConfig
+    from slora_vtc.gateway.run import build_context, server_for
+
+    def keep_alive(**given) -> float:
+        ctx = build_context(GatewayConfig(upstreams=("http://127.0.0.1:1",), **given), probe=False)
+        return server_for(ctx).config.timeout_keep_alive
+
+    assert keep_alive() == 75.0 and keep_alive(keep_alive_s=2.5) == 2.5

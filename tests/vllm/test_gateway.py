@@ -110,13 +110,10 @@ def gateway(upstream: str, *args: str):
             process.wait(timeout=10)
 
 
-# Open defect (issue 19): through the gateway, a client's connection is now and then reset before any of
-# its answer came (ECONNRESET, a request queued in the gateway for 1 to 13 s): in 4 of 22 one-minute rounds
-# of this load with 40 in flight, 1 to 3 requests each, none in 6 rounds straight at vLLM; the gateway logs
-# nothing, and the kernel counts a socket closed with unread data at that moment. Until it is found, such
-# resets are counted apart and bounded (the load goes on; the gateway's ledger aborts the request); any
-# other error fails the test.
-MAX_RESETS = 3
+# A connection reset before any of the answer came was the gateway closing an idle connection (uvicorn's
+# keep-alive, then 5 s) just as the client, whose pool keeps idle connections 5 s too, sent a request on it
+# (docs/gateway.md, Limits): the gateway now keeps them longer. Resets are counted apart from other errors
+# so that a failure says which it was.
 
 
 def service_ratio(g: Gateway, in_flight: dict[str, int]) -> float:
@@ -124,7 +121,7 @@ def service_ratio(g: Gateway, in_flight: dict[str, int]) -> float:
     for tenant, s in served.items():
         assert not s.errors, f"{tenant}: {s.errors[:3]}; the gateway printed:\n{g.log_tail()}"
     resets = [r for s in served.values() for r in s.resets]
-    assert len(resets) <= MAX_RESETS, f"{len(resets)} connections reset: {resets[:3]}"
+    assert not resets, f"{len(resets)} connections reset before any answer: {resets[:3]}"
     return ratio
 
 
@@ -146,7 +143,8 @@ PASSTHROUGH_FAIRNESS_OPEN = pytest.mark.xfail(
     reason="open (issue 19, item 4): passthrough in front of the plugin measured 1.51 on a quiet machine and passed "
     "in a clean-clone CI run; a later run found the light tenant with nothing waiting in vLLM in 8 of 52 samples "
     "(the gateway's hop keeps it out of vLLM part of the time). With the light tenant at 16 in flight, two runs "
-    "each ended two of the heavy tenant's requests in APIConnectionError through the gateway: not yet understood",
+    "each ended two of the heavy tenant's requests in APIConnectionError through the gateway: the keep-alive reset "
+    "since fixed (docs/gateway.md, Limits); the light tenant at 16 not yet tried again",
 )
 
 
