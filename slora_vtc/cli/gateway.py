@@ -1,5 +1,7 @@
 """`gateway`: a fair OpenAI-compatible proxy in front of one or more upstream servers (docs/gateway.md)."""
 
+from slora_vtc.serving.keepalive import KEEP_ALIVE_S
+
 
 def cmd_gateway(args) -> int:
     from slora_vtc.gateway.config import GatewayConfig
@@ -96,9 +98,9 @@ def add_parsers(sub) -> None:
     gw.add_argument(
         "--keep-alive-timeout",
         type=float,
-        default=75.0,
-        help="close an idle client connection after this many seconds (default 75: longer than clients such as "
-        "httpx and openai keep idle connections, so that none is closed as a client reuses it)",
+        default=KEEP_ALIVE_S,
+        help=f"close an idle client connection after this many seconds (default {KEEP_ALIVE_S:g}: longer than "
+        "clients such as httpx and openai keep idle connections, so that none is closed as a client reuses it)",
     )
     gw.add_argument(
         "--log-level",

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
 from slora_vtc.cli.experiments import add_adapter_args, add_batching_args, add_model_args, batching_settings, report
+from slora_vtc.serving.keepalive import KEEP_ALIVE_S
 
 
 def cmd_serve(args) -> int:
@@ -133,8 +134,9 @@ def add_parsers(sub) -> None:
     srv.add_argument(
         "--keep-alive-timeout",
         type=float,
-        default=5.0,
-        help="close idle keep-alive connections after this many seconds (default 5)",
+        default=KEEP_ALIVE_S,
+        help=f"close idle keep-alive connections after this many seconds (default {KEEP_ALIVE_S:g}: longer than "
+        "clients such as httpx and openai keep idle connections, so that none is closed as a client reuses it)",
     )
     srv.add_argument(
         "--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)"

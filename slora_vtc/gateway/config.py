@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import httpx2
 
 from slora_vtc.errors import UserError
+from slora_vtc.serving.keepalive import KEEP_ALIVE_S
 
 DEFAULT_MAX_INFLIGHT = 64  # per upstream, when it does not expose vLLM's queue metrics and no --max-inflight is given
 # per upstream under a scheduler that defers to the upstream's (passthrough): only a bound against a runaway client
@@ -44,9 +45,7 @@ class GatewayConfig:
         600.0  # a client with nothing waiting or in flight this long is forgotten (VTC lifts it on return)
     )
     drain_s: float = 30.0  # on SIGINT / SIGTERM: let in-flight and queued requests finish this long, then cancel them
-    # an idle client connection is closed after this long: longer than clients keep idle connections for reuse
-    # (httpx and the openai client: 5 s), so that the gateway never closes one as a client sends a request on it
-    keep_alive_s: float = 75.0
+    keep_alive_s: float = KEEP_ALIVE_S  # an idle client connection is closed after this long
 
     def check(self) -> None:
         if not self.upstreams:

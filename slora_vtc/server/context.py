@@ -10,6 +10,7 @@ from slora_vtc.model.spec import ModelSpec, is_folder, resolve_spec
 from slora_vtc.server.service import EngineService
 from slora_vtc.server.tokenizer import Tokenizer, load_tokenizer
 from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
+from slora_vtc.serving.keepalive import KEEP_ALIVE_S
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ServerConfig:
     max_inflight: int = 4096  # generation requests handled at once over HTTP; more get a 503 with Retry-After
     max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 with Retry-After
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
-    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this long
+    keep_alive_s: float = KEEP_ALIVE_S  # idle keep-alive connections are closed after this long
     prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)
     # S-LoRA's loop or vLLM's chunked steps: EngineConfig's fields of the same names, with its defaults
     batching: str = EngineConfig.batching

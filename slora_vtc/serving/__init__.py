@@ -7,6 +7,7 @@ sse.py         one server-sent event's text
 connection.py  what a request's connection says: its API key, its client header, who it is from, whether it left
 clients.py     the clients file (keys, weights, RPM limits, adapters) and the scheduler it asks for
 limits.py      the request body limit (413)
+keepalive.py   how long an idle client connection is kept (longer than clients keep theirs)
 window.py      each client's service in the last minute (what the busiest are, Jain's index)
 ledger.py      per client: service, requests by outcome, idle expiry, the bounded labels of /metrics
 
