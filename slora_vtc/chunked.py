@@ -25,29 +25,17 @@ same results.
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slora_vtc.backends.base import Chunk
+from slora_vtc.backends.base import Chunk, StepResult
+from slora_vtc.chunked_macro import alike_steps, decode_ahead
 from slora_vtc.clock import VirtualClock
 from slora_vtc.errors import UserError
-from slora_vtc.memory.budget import AdmissionBudget
+from slora_vtc.memory.budget import CacheHits
 from slora_vtc.request import Request, State
 from slora_vtc.sched.prompt_charge import CannotRefund, PromptProgress
 from slora_vtc.step_logger import StepWork
 
 if TYPE_CHECKING:
     from slora_vtc.engine import Engine
-
-
-class CacheView(AdmissionBudget):
-    """What `peek` is given: the prefix cache's hits (the step rule itself decides what fits)."""
-
-    def __init__(self, memory):
-        self.memory = memory
-
-    def try_add(self, req: Request) -> bool:
-        return True
-
-    def cached_len(self, req: Request) -> int:
-        return self.memory.cached_len(req)
 
 
 @dataclass
@@ -96,8 +84,8 @@ class ChunkedBatching:
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None) -> bool:
-        if until is not None and self._macro and self.engine.step_log is None and (steps := self._alike_steps()):
-            self._decode_ahead(steps, until)
+        if until is not None and self._macro and self.engine.step_log is None and (steps := alike_steps(self)):
+            decode_ahead(self, steps, until)
             return True
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
@@ -123,11 +111,21 @@ class ChunkedBatching:
     def _schedule_running(self, plan: Plan, budget: int) -> int:
         eng, memory = self.engine, self.engine.memory
         computed, prefilling, block = self.computed, self.prefilling, self.config.block_size
+        running, decodes, ids = eng.running, plan.decodes, memory.pool.hands_out_ids
         i = 0
-        while i < len(eng.running) and budget > 0:
-            req = eng.running[i]
-            done = computed[req.rid]
-            if req.rid in prefilling:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            rid = req.rid
+            done = computed[rid]
+            if rid not in prefilling and (done - req.cached_len) % block:  # a decode within its last block
+                if ids:
+                    memory.grow(req, 1, 0)
+                computed[rid] = done + 1
+                decodes.append(req)
+                budget -= 1
+                i += 1
+                continue
+            if rid in prefilling:
                 n = min(req.prefill_len - done, budget)
                 slots = self._slots(req, done, n)
             else:  # a decode: one token, a new block when its last one is full
@@ -155,7 +153,7 @@ class ChunkedBatching:
 
     def _schedule_waiting(self, plan: Plan, budget: int) -> None:
         eng, memory, config = self.engine, self.engine.memory, self.config
-        view = CacheView(memory)
+        view = CacheHits(memory)
         # a new request needs at least one block: with none available nobody is asked (a macro-step
         # skips exactly these steps, so a scheduler whose peek has effects sees the same calls)
         while budget > 0 and len(eng.running) < config.max_num_seqs and memory.available >= config.block_size:
@@ -213,7 +211,7 @@ class ChunkedBatching:
                     f"scheduler {e} charges prompts but keeps no ledger to refund a chunk's report: "
                     "it cannot run with --batching chunked"
                 ) from None
-        if plan.decodes:
+        if plan.decodes and not (sched.traits.lookahead and sched.charge_steps(plan.decodes, 1, now)):
             sched.on_decode_step(plan.decodes, now)
 
     # -- running the step --------------------------------------------------------------------------
@@ -222,7 +220,21 @@ class ChunkedBatching:
         start = eng.clock.now()
         result = eng.backend.mixed(plan.chunks, plan.decodes)
         eng.clock.advance(result.elapsed)
-        now = eng.clock.now()
+        if result.failed or result.tokens.count(None) != len(result.tokens):
+            completed, failed = self._append_tokens(plan, result)
+        else:  # a simulator's step: no token ids, nothing failed
+            completed, failed = self._count_tokens(plan), []
+        if eng.step_log is not None:
+            self._log(plan, start, result.elapsed)
+        for req in failed:
+            eng.abort(req, "the model failed on this request", keep_cache=False)
+        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
+        eng._retire([r for r in [c.req for c in plan.chunks] + plan.decodes if r.state is State.RUNNING])
+
+    def _append_tokens(self, plan: Plan, result: StepResult) -> tuple[list[Request], list[Request]]:
+        """The step's tokens: a completed prefill's first, one per decode. Returns the requests whose
+        prefill completed and those the model failed on."""
+        now = self.engine.clock.now()
         batch = [c.req for c in plan.chunks] + plan.decodes
         failed = {batch[i].rid for i in result.failed}
         completed = []
@@ -235,12 +247,21 @@ class ChunkedBatching:
                 self.prefilling.discard(req.rid)
                 completed.append(req)
             req.append_token(token, now)
-        if self.engine.step_log is not None:
-            self._log(plan, start, result.elapsed)
-        for req in [r for r in batch if r.rid in failed]:
-            eng.abort(req, "the model failed on this request", keep_cache=False)
-        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
-        eng._retire([r for r in batch if r.state is State.RUNNING])
+        return completed, [r for r in batch if r.rid in failed]
+
+    def _count_tokens(self, plan: Plan) -> list[Request]:
+        """_append_tokens for a step without token ids or failures: counts only (a decoding
+        request's first token came with its prefill)."""
+        now, completed = self.engine.clock.now(), []
+        for chunk in plan.chunks:
+            if chunk.completes:
+                req = chunk.req
+                self.prefilling.discard(req.rid)
+                completed.append(req)
+                req.append_token(None, now)
+        for req in plan.decodes:
+            req.generated += 1
+        return completed
 
     def _log(self, plan: Plan, start: float, elapsed: float) -> None:
         work = StepWork(
@@ -253,70 +274,3 @@ class ChunkedBatching:
             preempted=plan.preempted,
         )
         self.engine.step_log.step(start, elapsed, work)
-
-    # -- macro-steps (simulator) ---------------------------------------------------------------------
-    def _alike_steps(self) -> int:
-        """Pure decode steps from now that single steps would run alike: nothing in prefill, every
-        running request decoding within the budget, no request short of a block (no preemption;
-        with the prefix cache, no eviction either), and nothing admitted from the waiting queue:
-        none can be (the budget or the sequence cap is used up, or not a block is free), or the
-        request the scheduler would try at each step (`LookAhead.heads`) provably does not fit."""
-        eng, config, memory = self.engine, self.config, self.engine.memory
-        running = eng.running
-        n = len(running)
-        if not n or self.prefilling or n > config.max_num_batched_tokens:
-            return 0
-        steps = min(r.max_new_tokens - r.generated for r in running)  # the step in which one finishes is the last
-        room = memory.pool.num_free if memory.cache is not None else memory.available
-        computed, round_up = self.computed, config.round_up
-        spare = [round_up(o) - o for o in (computed[r.rid] - r.cached_len for r in running)]
-        if self._slots_for(spare, steps) > room:
-            lo, hi = 0, steps - 1  # the most steps whose blocks fit the room
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self._slots_for(spare, mid) <= room:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            steps = lo
-        admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= config.block_size
-        if steps and admits and eng.scheduler.num_waiting():
-            steps = min(steps, self._until_admission(spare, steps, config.max_num_batched_tokens - n))
-        return steps
-
-    def _until_admission(self, spare: list[int], steps: int, budget: int) -> int:
-        """The decode steps before the first at which the waiting pass might admit its head (steps if
-        at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
-        leaves available, which only falls: a head that does not fit at its first step never does."""
-        eng, memory = self.engine, self.engine.memory
-        view = CacheView(memory)
-        heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
-        if heads is None:
-            return 0
-        available = memory.available
-        for s, req in heads:
-            if s >= steps:
-                break
-            need = self.config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
-            if need <= available - self._slots_for(spare, s + 1):
-                return s
-        return steps
-
-    def _slots_for(self, spare: list[int], steps: int) -> int:
-        """Slots `steps` decode steps take, each request holding `spare` unwritten slots in its last
-        block: it takes a block at step spare + 1, then every block_size steps."""
-        bs = self.config.block_size
-        return bs * sum((steps - 1 - p) // bs + 1 for p in spare if p < steps)
-
-    def _decode_ahead(self, steps: int, until: float) -> None:
-        eng = self.engine
-        steps, end = eng.backend.decode_run(eng.running, steps, eng.clock.now(), until)
-        round_up = self.config.round_up
-        for req in eng.running:
-            done = self.computed[req.rid]
-            own = done - req.cached_len
-            eng.memory.grow(req, steps, round_up(own + steps) - round_up(own))
-            self.computed[req.rid] = done + steps
-        eng._charge_and_grow(steps)
-        eng.clock.wait_until(end)
-        eng._retire(eng.running)
