@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from slora_vtc.engine import Engine
 
 
+def decoded_to(req: Request) -> int:
+    """Positions whose K/V a running request whose prefill is complete has computed: all but its newest token's."""
+    return req.prompt_len + req.generated - 1
+
+
 @dataclass
 class Plan:
     """One step: the prefill chunks (running requests' first, then newly scheduled ones) and decodes."""
@@ -61,7 +66,8 @@ class Plan:
 
 
 class ChunkedBatching:
-    """The step rule for one engine; it keeps each running request's computed positions."""
+    """The step rule for one engine. A running request whose prefill is complete has computed the
+    K/V of every position but its newest token's (`decoded_to`); it keeps the positions of the others."""
 
     def __init__(self, engine: "Engine"):
         if not engine.scheduler.traits.preemption:
@@ -75,8 +81,8 @@ class ChunkedBatching:
                 "it does not compute prefill chunks and decodes in one step"
             )
         self.engine, self.config = engine, engine.config
-        self.computed: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), running only
-        self.prefilling: set[int] = set()  # rids of running requests whose prefill is not complete
+        self.prefilling: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), of
+        # running requests whose prefill is not complete
         self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
@@ -96,8 +102,7 @@ class ChunkedBatching:
 
     def forget(self, req: Request) -> None:
         """A request ended."""
-        self.computed.pop(req.rid, None)
-        self.prefilling.discard(req.rid)
+        self.prefilling.pop(req.rid, None)
         self.prompts.pop(req.rid, None)
 
     # -- scheduling: vLLM's step rule ---------------------------------------------------------------
@@ -109,30 +114,35 @@ class ChunkedBatching:
         return plan
 
     def _schedule_running(self, plan: Plan, budget: int) -> int:
+        """The running pass: each running request in order its decode or next chunk, preempting for
+        the blocks it needs; returns the budget it leaves."""
+        if self.prefilling or len(self.engine.running) > budget or self.engine.memory.pool.hands_out_ids:
+            return self._schedule_one_by_one(plan, budget)
+        return self._schedule_decodes(plan, budget)
+
+    def _schedule_one_by_one(self, plan: Plan, budget: int) -> int:
         eng, memory = self.engine, self.engine.memory
-        computed, prefilling, block = self.computed, self.prefilling, self.config.block_size
-        running, decodes, ids = eng.running, plan.decodes, memory.pool.hands_out_ids
+        prefilling, block = self.prefilling, self.config.block_size
+        running, ids = eng.running, memory.pool.hands_out_ids
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            rid = req.rid
-            done = computed[rid]
-            if rid not in prefilling and (done - req.cached_len) % block:  # a decode within its last block
-                if ids:
-                    memory.grow(req, 1, 0)
-                computed[rid] = done + 1
-                decodes.append(req)
-                budget -= 1
-                i += 1
-                continue
-            if rid in prefilling:
+            done = prefilling.get(req.rid)
+            if done is None:  # a decode: one token, a new block when its last one is full
+                n, slots = 1, 0 if (decoded_to(req) - req.cached_len) % block else block
+                if not slots:
+                    if ids:
+                        memory.grow(req, 1, 0)
+                    plan.decodes.append(req)
+                    budget -= 1
+                    i += 1
+                    continue
+            else:
                 n = min(req.prefill_len - done, budget)
                 slots = self._slots(req, done, n)
-            else:  # a decode: one token, a new block when its last one is full
-                n, slots = 1, 0 if (done - req.cached_len) % block else block
             while slots and slots > memory.available:
-                victim = eng.scheduler.choose_victim(eng.running, eng.clock.now())
-                if eng.running.index(victim) < i:  # scheduled already this step: taken back
+                victim = eng.scheduler.choose_victim(running, eng.clock.now())
+                if running.index(victim) < i:  # scheduled already this step: taken back
                     i -= 1
                     budget += plan.take_back(victim)
                 self._preempt(victim)
@@ -142,14 +152,37 @@ class ChunkedBatching:
             if req.state is not State.RUNNING:
                 break
             memory.grow(req, n, slots)
-            computed[req.rid] = done + n
-            if req.rid in prefilling:
-                plan.chunks.append(Chunk(req, done, n))
-            else:
+            if done is None:
                 plan.decodes.append(req)
+            else:
+                prefilling[req.rid] = done + n
+                plan.chunks.append(Chunk(req, done, n))
             budget -= n
             i += 1
         return budget
+
+    def _schedule_decodes(self, plan: Plan, budget: int) -> int:
+        """_schedule_one_by_one where every running request decodes, the budget covers them all and
+        the pool hands out no ids: only a request whose last block is full needs a step of its own
+        (it may preempt; when it is itself the victim, the pass ends before it)."""
+        eng, memory, block = self.engine, self.engine.memory, self.config.block_size
+        running, scheduled = eng.running, None
+        for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
+            if req.state is not State.RUNNING:  # preempted for one before it
+                continue
+            while block > memory.available:
+                victim = eng.scheduler.choose_victim(running, eng.clock.now())
+                if victim is req:
+                    scheduled = running[: running.index(req)]
+                self._preempt(victim)
+                plan.preempted += 1
+                if victim is req:
+                    break
+            if scheduled is not None:
+                break
+            memory.grow(req, 1, block)
+        plan.decodes = list(running) if scheduled is None else scheduled
+        return budget - len(plan.decodes)
 
     def _schedule_waiting(self, plan: Plan, budget: int) -> None:
         eng, memory, config = self.engine, self.engine.memory, self.config
@@ -175,8 +208,7 @@ class ChunkedBatching:
             if req.first_admitted is None:
                 req.first_admitted = now
             eng.running.append(req)
-            self.computed[req.rid] = req.cached_len + n
-            self.prefilling.add(req.rid)
+            self.prefilling[req.rid] = req.cached_len + n
             plan.chunks.append(Chunk(req, req.cached_len, n))
             plan.started.append(req)
             budget -= n
@@ -187,8 +219,7 @@ class ChunkedBatching:
         return self.config.round_up(own + n) - self.config.round_up(own)
 
     def _preempt(self, req: Request) -> None:
-        self.computed.pop(req.rid)
-        self.prefilling.discard(req.rid)
+        self.prefilling.pop(req.rid, None)
         self.engine._preempt(req)
 
     # -- charging ----------------------------------------------------------------------------------
@@ -244,7 +275,7 @@ class ChunkedBatching:
             if i < len(plan.chunks):
                 if not plan.chunks[i].completes:
                     continue
-                self.prefilling.discard(req.rid)
+                del self.prefilling[req.rid]
                 completed.append(req)
             req.append_token(token, now)
         return completed, [r for r in batch if r.rid in failed]
@@ -256,7 +287,7 @@ class ChunkedBatching:
         for chunk in plan.chunks:
             if chunk.completes:
                 req = chunk.req
-                self.prefilling.discard(req.rid)
+                del self.prefilling[req.rid]
                 completed.append(req)
                 req.append_token(None, now)
         for req in plan.decodes:

@@ -40,13 +40,13 @@ class DecodeBlocks:
 def alike_steps(chunked: "ChunkedBatching") -> int:
     """Pure decode steps from now that single steps would run alike (module docstring); 0: none."""
     eng, config, memory = chunked.engine, chunked.config, chunked.engine.memory
-    running, computed = eng.running, chunked.computed
+    running = eng.running
     n = len(running)
     if not n or chunked.prefilling or n > config.max_num_batched_tokens:
         return 0
     steps = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
     bs = config.block_size
-    blocks = DecodeBlocks([(r.cached_len - computed[r.rid]) % bs for r in running], bs)
+    blocks = DecodeBlocks([(r.cached_len - r.prompt_len - r.generated + 1) % bs for r in running], bs)
     room = memory.pool.num_free if memory.cache is not None else memory.available
     steps = min(steps, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
@@ -76,13 +76,11 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
 
 def decode_ahead(chunked: "ChunkedBatching", steps: int, until: float) -> None:
     """Run up to `steps` alike decode steps at once, stopping at the first that ends at or after `until`."""
-    eng, round_up, computed = chunked.engine, chunked.config.round_up, chunked.computed
+    eng, bs = chunked.engine, chunked.config.block_size
     running = eng.running
     steps, end = eng.backend.decode_run(running, steps, eng.clock.now(), until)
-    owns = [computed[r.rid] - r.cached_len for r in running]
-    eng.memory.grow_all(running, steps, [round_up(own + steps) - round_up(own) for own in owns])
-    for req in running:
-        computed[req.rid] += steps
+    ups = [r.prompt_len + r.generated - 2 - r.cached_len + bs for r in running]  # own tokens + bs - 1
+    eng.memory.grow_all(running, steps, [((up + steps) // bs - up // bs) * bs for up in ups])
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
     eng._retire(running)
