@@ -84,15 +84,18 @@ class ChunkedBatching:
         self.prefilling: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), of
         # running requests whose prefill is not complete
         self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
+        self._event_next = False  # a macro-step ended where the next step is a single one: no need to ask
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
         )
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None) -> bool:
-        if until is not None and self._macro and self.engine.step_log is None and (steps := alike_steps(self)):
-            decode_ahead(self, steps, until)
-            return True
+        if until is not None and self._macro and self.engine.step_log is None and not self._event_next:
+            if (alike := alike_steps(self)).steps:
+                self._event_next = decode_ahead(self, alike, until)
+                return True
+        self._event_next = False
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
             return plan.preempted > 0
@@ -260,7 +263,8 @@ class ChunkedBatching:
         for req in failed:
             eng.abort(req, "the model failed on this request", keep_cache=False)
         eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
-        eng._retire([r for r in [c.req for c in plan.chunks] + plan.decodes if r.state is State.RUNNING])
+        batch = [c.req for c in plan.chunks] + plan.decodes
+        eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)
 
     def _append_tokens(self, plan: Plan, result: StepResult) -> tuple[list[Request], list[Request]]:
         """The step's tokens: a completed prefill's first, one per decode. Returns the requests whose

@@ -9,7 +9,7 @@ steps end at the first finish, and the backend stops them at the next arrival (`
 """
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from slora_vtc.memory.budget import CacheHits
 
@@ -37,22 +37,30 @@ class DecodeBlocks:
         return self.spare[i] + rounds * self.block_size
 
 
-def alike_steps(chunked: "ChunkedBatching") -> int:
-    """Pure decode steps from now that single steps would run alike (module docstring); 0: none."""
+class Alike(NamedTuple):
+    steps: int  # decode steps from now that single steps would run alike (0: none)
+    to_finish: int  # decode steps until the first running request finishes
+
+
+NONE_ALIKE = Alike(0, 0)
+
+
+def alike_steps(chunked: "ChunkedBatching") -> Alike:
+    """Pure decode steps from now that single steps would run alike (module docstring)."""
     eng, config, memory = chunked.engine, chunked.config, chunked.engine.memory
     running = eng.running
     n = len(running)
     if not n or chunked.prefilling or n > config.max_num_batched_tokens:
-        return 0
-    steps = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
+        return NONE_ALIKE
+    to_finish = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
     bs = config.block_size
     blocks = DecodeBlocks([(r.cached_len - r.prompt_len - r.generated + 1) % bs for r in running], bs)
     room = memory.pool.num_free if memory.cache is not None else memory.available
-    steps = min(steps, blocks.steps_taking_at_most(room // bs))
+    steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
     if steps and admits and eng.scheduler.num_waiting():
         steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n)
-    return steps
+    return Alike(steps, to_finish)
 
 
 def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int) -> int:
@@ -74,13 +82,20 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
     return steps
 
 
-def decode_ahead(chunked: "ChunkedBatching", steps: int, until: float) -> None:
-    """Run up to `steps` alike decode steps at once, stopping at the first that ends at or after `until`."""
+def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool:
+    """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
+    Returns whether they ended where the next step is likely not alike: one that may admit or
+    preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
     eng, bs = chunked.engine, chunked.config.block_size
     running = eng.running
-    steps, end = eng.backend.decode_run(running, steps, eng.clock.now(), until)
+    steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
     ups = [r.prompt_len + r.generated - 2 - r.cached_len + bs for r in running]  # own tokens + bs - 1
     eng.memory.grow_all(running, steps, [((up + steps) // bs - up // bs) * bs for up in ups])
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
-    eng._retire(running)
+    if steps < alike.steps:  # stopped by the backend at `until`
+        return False
+    if steps == alike.to_finish:
+        eng._retire(running)
+        return eng.scheduler.num_waiting() > 0
+    return True

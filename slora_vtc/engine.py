@@ -256,7 +256,7 @@ class Engine:
             self.abort(req, "the model failed on this request", keep_cache=False)
 
     def _retire(self, batch: list[Request]) -> None:
-        finished = [r for r in batch if r.done]
+        finished = [r for r in batch if r.stopped or r.generated >= r.max_new_tokens]  # Request.done
         if not finished:
             return
         self.scheduler.on_finish(finished, batch, self.clock.now())
