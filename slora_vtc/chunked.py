@@ -256,15 +256,18 @@ class ChunkedBatching:
         eng.clock.advance(result.elapsed)
         if result.failed or result.tokens.count(None) != len(result.tokens):
             completed, failed = self._append_tokens(plan, result)
+            finishing = True
         else:  # a simulator's step: no token ids, nothing failed
             completed, failed = self._count_tokens(plan), []
+            finishing = any(r.generated >= r.max_new_tokens for r in completed) or self._decodes_finish(plan)
         if eng.step_log is not None:
             self._log(plan, start, result.elapsed)
         for req in failed:
             eng.abort(req, "the model failed on this request", keep_cache=False)
         eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
-        batch = [c.req for c in plan.chunks] + plan.decodes
-        eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)
+        if finishing:
+            batch = [c.req for c in plan.chunks] + plan.decodes
+            eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)
 
     def _append_tokens(self, plan: Plan, result: StepResult) -> tuple[list[Request], list[Request]]:
         """The step's tokens: a completed prefill's first, one per decode. Returns the requests whose
@@ -297,6 +300,11 @@ class ChunkedBatching:
         for req in plan.decodes:
             req.generated += 1
         return completed
+
+    @staticmethod
+    def _decodes_finish(plan: Plan) -> bool:
+        """Whether a decode of a step without token ids made the request's last token."""
+        return min([r.max_new_tokens - r.generated for r in plan.decodes], default=1) <= 0
 
     def _log(self, plan: Plan, start: float, elapsed: float) -> None:
         work = StepWork(
