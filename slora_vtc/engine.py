@@ -260,7 +260,7 @@ class Engine:
         if not finished:
             return
         self.scheduler.on_finish(finished, batch, self.clock.now())
-        self.running = [r for r in self.running if not r.done]
+        self.running = [r for r in self.running if not (r.stopped or r.generated >= r.max_new_tokens)]
         for req in finished:
             self._release(req)
             self._end(req, State.FINISHED)

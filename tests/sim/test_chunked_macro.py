@@ -6,12 +6,15 @@ The expected values come from single steps (EngineConfig.macro_steps off), the s
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.chunked_macro import DecodeBlocks
+from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
+from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
 from tests.helpers.engine import config, make_engine
 
@@ -100,3 +103,43 @@ def test_decode_blocks_count_as_steps_take_them(data, block, n):
     for allowed in range(0, 3 * n + 2):
         most = blocks.steps_taking_at_most(allowed)
         assert blocks_by_steps(spare, block, most) <= allowed < blocks_by_steps(spare, block, most + 1)
+
+
+# The result files of whole suites (the first minute of the long ones), macro-steps on and off: every
+# scheduler family, preemption-heavy pools (the ablation suites), small budgets, sequence caps and
+# blocks, the prefix cache with its schedulers (tests/sim/test_chunked.py has nine more)
+PREFIX = {"prefix_cache": True}
+SUITE_CASES = [
+    ("overload", "lcf", {}),
+    ("overload", "rpm:20", {}),
+    ("overload", "vtc-pred:0.5", {}),
+    ("overload", "vtc-oracle", {}),
+    ("overload_weighted", "wvtc:1,2,3,4", {}),
+    ("overload", "vtc", {"cost": "profile"}),
+    ("dist_shift", "vtc", {}),
+    ("poisson_short_long", "fcfs", {}),
+    ("on_off_overload", "vtc", {}),
+    ("increase", "rpm:20", {}),
+    ("proportional", "vtc", {}),
+    ("real", "fcfs", {}),
+    ("ablation_65k_256", "vtc", {}),
+    ("ablation_35k_768", "fcfs", {}),
+    ("ablation_35k_256", "lcf", {}),
+    ("overload", "vtc", {"max_num_batched_tokens": 256}),
+    ("overload", "fcfs", {"max_num_seqs": 8}),
+    ("overload", "vtc", {"block_size": 32}),
+    ("overload", "lcf", {"block_size": 1, "max_num_batched_tokens": 64}),
+    ("prefix_chat", "vtc", PREFIX),
+    ("prefix_chat", "fcfs", PREFIX),
+    ("prefix_qa", "vtc", PREFIX),
+    ("prefix_tot", "lcf", PREFIX),
+    ("prefix_tot", "rpm:20", PREFIX),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite,scheduler,extra", SUITE_CASES, ids=[f"{s}-{p}-{len(o)}" for s, p, o in SUITE_CASES])
+def test_a_suite_writes_the_result_file_of_single_steps(suite, scheduler, extra):
+    long = suite.startswith(("overload", "dist", "poisson", "on_off", "increase", "proportional"))
+    exp = Experiment.of(suite=suite, scheduler=scheduler, duration=60.0 if long else None, batching="chunked", **extra)
+    assert run_experiment(exp, macro_steps=True).to_json() == run_experiment(exp, macro_steps=False).to_json()
