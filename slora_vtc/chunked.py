@@ -19,7 +19,9 @@ token a completed prefill yields is free.
 
 On a simulated backend, pure decode steps that single steps would run alike (nothing in prefill,
 nothing waiting that the step rule could admit, no block short) run as one macro-step, with the
-same results.
+same results (chunked_macro.py). Single steps take short paths where the rule's result is known
+another way: a decoding request's positions follow from its counts (`decoded_to`), a running pass of
+decodes only visits the requests whose last block is full, and a simulator's step only counts tokens.
 """
 
 from dataclasses import dataclass, field
@@ -143,17 +145,10 @@ class ChunkedBatching:
             else:
                 n = min(req.prefill_len - done, budget)
                 slots = self._slots(req, done, n)
-            while slots and slots > memory.available:
-                victim = eng.scheduler.choose_victim(running, eng.clock.now())
-                if running.index(victim) < i:  # scheduled already this step: taken back
-                    i -= 1
-                    budget += plan.take_back(victim)
-                self._preempt(victim)
-                plan.preempted += 1
-                if victim is req:
+            if slots > memory.available:
+                i, budget = self._preempt_for(req, slots, plan, i, budget)
+                if req.state is not State.RUNNING:
                     break
-            if req.state is not State.RUNNING:
-                break
             memory.grow(req, n, slots)
             if done is None:
                 plan.decodes.append(req)
@@ -163,6 +158,22 @@ class ChunkedBatching:
             budget -= n
             i += 1
         return budget
+
+    def _preempt_for(self, req: Request, slots: int, plan: Plan, i: int, budget: int) -> tuple[int, int]:
+        """Preempt the scheduler's victims until `req` (at index i of the running list) can get
+        `slots`, or is itself the victim; a victim scheduled already this step is taken back.
+        Returns req's index and the budget after."""
+        eng, running = self.engine, self.engine.running
+        while slots > eng.memory.available:
+            victim = eng.scheduler.choose_victim(running, eng.clock.now())
+            if running.index(victim) < i:  # scheduled already this step: taken back
+                i -= 1
+                budget += plan.take_back(victim)
+            self._preempt(victim)
+            plan.preempted += 1
+            if victim is req:
+                break
+        return i, budget
 
     def _schedule_decodes(self, plan: Plan, budget: int) -> int:
         """_schedule_one_by_one where every running request decodes, the budget covers them all and
