@@ -19,16 +19,19 @@ token a completed prefill yields is free.
 
 On a simulated backend, pure decode steps that single steps would run alike (nothing in prefill,
 nothing waiting that the step rule could admit, no block short) run as one macro-step, with the
-same results.
+same results (chunked_macro.py). Single steps take short paths where the rule's result is known
+another way: a decoding request's positions follow from its counts (`decoded_to`), a running pass of
+decodes only visits the requests whose last block is full, and a simulator's step only counts tokens.
 """
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slora_vtc.backends.base import Chunk
+from slora_vtc.backends.base import Chunk, StepResult
+from slora_vtc.chunked_macro import alike_steps, decode_ahead
 from slora_vtc.clock import VirtualClock
 from slora_vtc.errors import UserError
-from slora_vtc.memory.budget import AdmissionBudget
+from slora_vtc.memory.budget import CacheHits
 from slora_vtc.request import Request, State
 from slora_vtc.sched.prompt_charge import CannotRefund, PromptProgress
 from slora_vtc.step_logger import StepWork
@@ -37,17 +40,9 @@ if TYPE_CHECKING:
     from slora_vtc.engine import Engine
 
 
-class CacheView(AdmissionBudget):
-    """What `peek` is given: the prefix cache's hits (the step rule itself decides what fits)."""
-
-    def __init__(self, memory):
-        self.memory = memory
-
-    def try_add(self, req: Request) -> bool:
-        return True
-
-    def cached_len(self, req: Request) -> int:
-        return self.memory.cached_len(req)
+def decoded_to(req: Request) -> int:
+    """Positions whose K/V a running request whose prefill is complete has computed: all but its newest token's."""
+    return req.prompt_len + req.generated - 1
 
 
 @dataclass
@@ -73,7 +68,8 @@ class Plan:
 
 
 class ChunkedBatching:
-    """The step rule for one engine; it keeps each running request's computed positions."""
+    """The step rule for one engine. A running request whose prefill is complete has computed the
+    K/V of every position but its newest token's (`decoded_to`); it keeps the positions of the others."""
 
     def __init__(self, engine: "Engine"):
         if not engine.scheduler.traits.preemption:
@@ -87,18 +83,21 @@ class ChunkedBatching:
                 "it does not compute prefill chunks and decodes in one step"
             )
         self.engine, self.config = engine, engine.config
-        self.computed: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), running only
-        self.prefilling: set[int] = set()  # rids of running requests whose prefill is not complete
+        self.prefilling: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), of
+        # running requests whose prefill is not complete
         self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
+        self._event_next = False  # a macro-step ended where the next step is a single one: no need to ask
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
         )
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None) -> bool:
-        if until is not None and self._macro and self.engine.step_log is None and (steps := self._alike_steps()):
-            self._decode_ahead(steps, until)
-            return True
+        if until is not None and self._macro and self.engine.step_log is None and not self._event_next:
+            if (alike := alike_steps(self)).steps:
+                self._event_next = decode_ahead(self, alike, until)
+                return True
+        self._event_next = False
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
             return plan.preempted > 0
@@ -108,8 +107,7 @@ class ChunkedBatching:
 
     def forget(self, req: Request) -> None:
         """A request ended."""
-        self.computed.pop(req.rid, None)
-        self.prefilling.discard(req.rid)
+        self.prefilling.pop(req.rid, None)
         self.prompts.pop(req.rid, None)
 
     # -- scheduling: vLLM's step rule ---------------------------------------------------------------
@@ -121,41 +119,88 @@ class ChunkedBatching:
         return plan
 
     def _schedule_running(self, plan: Plan, budget: int) -> int:
+        """The running pass: each running request in order its decode or next chunk, preempting for
+        the blocks it needs; returns the budget it leaves."""
+        if self.prefilling or len(self.engine.running) > budget or self.engine.memory.pool.hands_out_ids:
+            return self._schedule_one_by_one(plan, budget)
+        return self._schedule_decodes(plan, budget)
+
+    def _schedule_one_by_one(self, plan: Plan, budget: int) -> int:
         eng, memory = self.engine, self.engine.memory
-        computed, prefilling, block = self.computed, self.prefilling, self.config.block_size
+        prefilling, block = self.prefilling, self.config.block_size
+        running, ids = eng.running, memory.pool.hands_out_ids
         i = 0
-        while i < len(eng.running) and budget > 0:
-            req = eng.running[i]
-            done = computed[req.rid]
-            if req.rid in prefilling:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            done = prefilling.get(req.rid)
+            if done is None:  # a decode: one token, a new block when its last one is full
+                n, slots = 1, 0 if (decoded_to(req) - req.cached_len) % block else block
+                if not slots:
+                    if ids:
+                        memory.grow(req, 1, 0)
+                    plan.decodes.append(req)
+                    budget -= 1
+                    i += 1
+                    continue
+            else:
                 n = min(req.prefill_len - done, budget)
                 slots = self._slots(req, done, n)
-            else:  # a decode: one token, a new block when its last one is full
-                n, slots = 1, 0 if (done - req.cached_len) % block else block
-            while slots and slots > memory.available:
-                victim = eng.scheduler.choose_victim(eng.running, eng.clock.now())
-                if eng.running.index(victim) < i:  # scheduled already this step: taken back
-                    i -= 1
-                    budget += plan.take_back(victim)
-                self._preempt(victim)
-                plan.preempted += 1
-                if victim is req:
+            if slots > memory.available:
+                i, budget = self._preempt_for(req, slots, plan, i, budget)
+                if req.state is not State.RUNNING:
                     break
-            if req.state is not State.RUNNING:
-                break
             memory.grow(req, n, slots)
-            computed[req.rid] = done + n
-            if req.rid in prefilling:
-                plan.chunks.append(Chunk(req, done, n))
-            else:
+            if done is None:
                 plan.decodes.append(req)
+            else:
+                prefilling[req.rid] = done + n
+                plan.chunks.append(Chunk(req, done, n))
             budget -= n
             i += 1
         return budget
 
+    def _preempt_for(self, req: Request, slots: int, plan: Plan, i: int, budget: int) -> tuple[int, int]:
+        """Preempt the scheduler's victims until `req` (at index i of the running list) can get
+        `slots`, or is itself the victim; a victim scheduled already this step is taken back.
+        Returns req's index and the budget after."""
+        eng, running = self.engine, self.engine.running
+        while slots > eng.memory.available:
+            victim = eng.scheduler.choose_victim(running, eng.clock.now())
+            if running.index(victim) < i:  # scheduled already this step: taken back
+                i -= 1
+                budget += plan.take_back(victim)
+            self._preempt(victim)
+            plan.preempted += 1
+            if victim is req:
+                break
+        return i, budget
+
+    def _schedule_decodes(self, plan: Plan, budget: int) -> int:
+        """_schedule_one_by_one where every running request decodes, the budget covers them all and
+        the pool hands out no ids: only a request whose last block is full needs a step of its own
+        (it may preempt; when it is itself the victim, the pass ends before it)."""
+        eng, memory, block = self.engine, self.engine.memory, self.config.block_size
+        running, scheduled = eng.running, None
+        for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
+            if req.state is not State.RUNNING:  # preempted for one before it
+                continue
+            while block > memory.available:
+                victim = eng.scheduler.choose_victim(running, eng.clock.now())
+                if victim is req:
+                    scheduled = running[: running.index(req)]
+                self._preempt(victim)
+                plan.preempted += 1
+                if victim is req:
+                    break
+            if scheduled is not None:
+                break
+            memory.grow(req, 1, block)
+        plan.decodes = list(running) if scheduled is None else scheduled
+        return budget - len(plan.decodes)
+
     def _schedule_waiting(self, plan: Plan, budget: int) -> None:
         eng, memory, config = self.engine, self.engine.memory, self.config
-        view = CacheView(memory)
+        view = CacheHits(memory)
         # a new request needs at least one block: with none available nobody is asked (a macro-step
         # skips exactly these steps, so a scheduler whose peek has effects sees the same calls)
         while budget > 0 and len(eng.running) < config.max_num_seqs and memory.available >= config.block_size:
@@ -177,8 +222,7 @@ class ChunkedBatching:
             if req.first_admitted is None:
                 req.first_admitted = now
             eng.running.append(req)
-            self.computed[req.rid] = req.cached_len + n
-            self.prefilling.add(req.rid)
+            self.prefilling[req.rid] = req.cached_len + n
             plan.chunks.append(Chunk(req, req.cached_len, n))
             plan.started.append(req)
             budget -= n
@@ -189,8 +233,7 @@ class ChunkedBatching:
         return self.config.round_up(own + n) - self.config.round_up(own)
 
     def _preempt(self, req: Request) -> None:
-        self.computed.pop(req.rid)
-        self.prefilling.discard(req.rid)
+        self.prefilling.pop(req.rid, None)
         self.engine._preempt(req)
 
     # -- charging ----------------------------------------------------------------------------------
@@ -213,7 +256,7 @@ class ChunkedBatching:
                     f"scheduler {e} charges prompts but keeps no ledger to refund a chunk's report: "
                     "it cannot run with --batching chunked"
                 ) from None
-        if plan.decodes:
+        if plan.decodes and not (sched.traits.lookahead and sched.charge_steps(plan.decodes, 1, now)):
             sched.on_decode_step(plan.decodes, now)
 
     # -- running the step --------------------------------------------------------------------------
@@ -222,7 +265,25 @@ class ChunkedBatching:
         start = eng.clock.now()
         result = eng.backend.mixed(plan.chunks, plan.decodes)
         eng.clock.advance(result.elapsed)
-        now = eng.clock.now()
+        if result.failed or result.tokens.count(None) != len(result.tokens):
+            completed, failed = self._append_tokens(plan, result)
+            finishing = True
+        else:  # a simulator's step: no token ids, nothing failed
+            completed, failed = self._count_tokens(plan), []
+            finishing = any(r.generated >= r.max_new_tokens for r in completed) or self._decodes_finish(plan)
+        if eng.step_log is not None:
+            self._log(plan, start, result.elapsed)
+        for req in failed:
+            eng.abort(req, "the model failed on this request", keep_cache=False)
+        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
+        if finishing:
+            batch = [c.req for c in plan.chunks] + plan.decodes
+            eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)
+
+    def _append_tokens(self, plan: Plan, result: StepResult) -> tuple[list[Request], list[Request]]:
+        """The step's tokens: a completed prefill's first, one per decode. Returns the requests whose
+        prefill completed and those the model failed on."""
+        now = self.engine.clock.now()
         batch = [c.req for c in plan.chunks] + plan.decodes
         failed = {batch[i].rid for i in result.failed}
         completed = []
@@ -232,15 +293,29 @@ class ChunkedBatching:
             if i < len(plan.chunks):
                 if not plan.chunks[i].completes:
                     continue
-                self.prefilling.discard(req.rid)
+                del self.prefilling[req.rid]
                 completed.append(req)
             req.append_token(token, now)
-        if self.engine.step_log is not None:
-            self._log(plan, start, result.elapsed)
-        for req in [r for r in batch if r.rid in failed]:
-            eng.abort(req, "the model failed on this request", keep_cache=False)
-        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
-        eng._retire([r for r in batch if r.state is State.RUNNING])
+        return completed, [r for r in batch if r.rid in failed]
+
+    def _count_tokens(self, plan: Plan) -> list[Request]:
+        """_append_tokens for a step without token ids or failures: counts only (a decoding
+        request's first token came with its prefill)."""
+        now, completed = self.engine.clock.now(), []
+        for chunk in plan.chunks:
+            if chunk.completes:
+                req = chunk.req
+                del self.prefilling[req.rid]
+                completed.append(req)
+                req.append_token(None, now)
+        for req in plan.decodes:
+            req.generated += 1
+        return completed
+
+    @staticmethod
+    def _decodes_finish(plan: Plan) -> bool:
+        """Whether a decode of a step without token ids made the request's last token."""
+        return min([r.max_new_tokens - r.generated for r in plan.decodes], default=1) <= 0
 
     def _log(self, plan: Plan, start: float, elapsed: float) -> None:
         work = StepWork(
@@ -253,70 +328,3 @@ class ChunkedBatching:
             preempted=plan.preempted,
         )
         self.engine.step_log.step(start, elapsed, work)
-
-    # -- macro-steps (simulator) ---------------------------------------------------------------------
-    def _alike_steps(self) -> int:
-        """Pure decode steps from now that single steps would run alike: nothing in prefill, every
-        running request decoding within the budget, no request short of a block (no preemption;
-        with the prefix cache, no eviction either), and nothing admitted from the waiting queue:
-        none can be (the budget or the sequence cap is used up, or not a block is free), or the
-        request the scheduler would try at each step (`LookAhead.heads`) provably does not fit."""
-        eng, config, memory = self.engine, self.config, self.engine.memory
-        running = eng.running
-        n = len(running)
-        if not n or self.prefilling or n > config.max_num_batched_tokens:
-            return 0
-        steps = min(r.max_new_tokens - r.generated for r in running)  # the step in which one finishes is the last
-        room = memory.pool.num_free if memory.cache is not None else memory.available
-        computed, round_up = self.computed, config.round_up
-        spare = [round_up(o) - o for o in (computed[r.rid] - r.cached_len for r in running)]
-        if self._slots_for(spare, steps) > room:
-            lo, hi = 0, steps - 1  # the most steps whose blocks fit the room
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self._slots_for(spare, mid) <= room:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            steps = lo
-        admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= config.block_size
-        if steps and admits and eng.scheduler.num_waiting():
-            steps = min(steps, self._until_admission(spare, steps, config.max_num_batched_tokens - n))
-        return steps
-
-    def _until_admission(self, spare: list[int], steps: int, budget: int) -> int:
-        """The decode steps before the first at which the waiting pass might admit its head (steps if
-        at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
-        leaves available, which only falls: a head that does not fit at its first step never does."""
-        eng, memory = self.engine, self.engine.memory
-        view = CacheView(memory)
-        heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
-        if heads is None:
-            return 0
-        available = memory.available
-        for s, req in heads:
-            if s >= steps:
-                break
-            need = self.config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
-            if need <= available - self._slots_for(spare, s + 1):
-                return s
-        return steps
-
-    def _slots_for(self, spare: list[int], steps: int) -> int:
-        """Slots `steps` decode steps take, each request holding `spare` unwritten slots in its last
-        block: it takes a block at step spare + 1, then every block_size steps."""
-        bs = self.config.block_size
-        return bs * sum((steps - 1 - p) // bs + 1 for p in spare if p < steps)
-
-    def _decode_ahead(self, steps: int, until: float) -> None:
-        eng = self.engine
-        steps, end = eng.backend.decode_run(eng.running, steps, eng.clock.now(), until)
-        round_up = self.config.round_up
-        for req in eng.running:
-            done = self.computed[req.rid]
-            own = done - req.cached_len
-            eng.memory.grow(req, steps, round_up(own + steps) - round_up(own))
-            self.computed[req.rid] = done + steps
-        eng._charge_and_grow(steps)
-        eng.clock.wait_until(end)
-        eng._retire(eng.running)

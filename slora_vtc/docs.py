@@ -42,6 +42,8 @@ SOURCES = {
     "voff": "benchmarks/results/vllm_plugin_offline.json",  # benchmarks/vllm_plugin_offline.py (in .venv-vllm)
     "vsvllm": "benchmarks/results/serve_vs_vllm.json",  # benchmarks/serve_vs_vllm.py
     "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
+    "chunked": "benchmarks/results/chunked_speed.json",  # benchmarks/chunked_speed.py
+    "chunked_before": "benchmarks/results/chunked_speed_before.json",  # the same, before this work (806015a)
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }

@@ -182,7 +182,7 @@ class SimBackend(ModelBackend):
     def mixed(self, chunks: list[Chunk], decodes: list[Request]) -> StepResult:
         prefill = sum(c.length for c in chunks)
         pairs = sum(c.length * c.start for c in chunks)
-        context = sum(r.prompt_len + r.generated for r in decodes)
+        context = sum([r.prompt_len + r.generated for r in decodes])
         elapsed = self.model.mixed_time(prefill, pairs, len(decodes), context)
         if self._cold:  # the engine's first step always prefills
             elapsed, self._cold = elapsed + self.model.cold_start_s, False
@@ -195,7 +195,7 @@ class SimBackend(ModelBackend):
         d, e, f = self.model.decode_coef
         n = len(reqs)
         fixed, overhead = d + e * max(0, n - self.model.decode_knee), self.model.overhead_s
-        context, now = sum(r.prompt_len + r.generated for r in reqs), start
+        context, now = sum([r.prompt_len + r.generated for r in reqs]), start
         for done in range(1, steps + 1):
             now += fixed + f * context + overhead
             if now >= until:

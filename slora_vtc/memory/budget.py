@@ -28,3 +28,14 @@ class Unlimited(AdmissionBudget):
 
 
 UNLIMITED = Unlimited()
+
+
+class CacheHits(Unlimited):
+    """Room for everything, with a memory manager's prefix-cache hits: what chunked batching's
+    `peek` and `heads` are given (its step rule decides itself what fits; slora_vtc/chunked.py)."""
+
+    def __init__(self, memory):
+        self.memory = memory
+
+    def cached_len(self, req: Request) -> int:
+        return self.memory.cached_len(req)

@@ -147,6 +147,18 @@ class MemoryManager:
         if self.cache:
             self._own[req.rid].extend(written)
 
+    def grow_all(self, reqs: list[Request], tokens: int, slots: list[int]) -> None:
+        """`grow(req, tokens, slots[i])` for each request in order; on a CountingPool one allocation
+        takes them all (the same counts: the caller knows they fit, so no single call would fail)."""
+        if self._ids:
+            for req, n in zip(reqs, slots):
+                self.grow(req, tokens, n)
+            return
+        self.pool.alloc(sum(slots))
+        counts = self._counts
+        for req, n in zip(reqs, slots):
+            counts[req.rid] += n
+
     def cache_prefill(self, batch: Iterable[Request]) -> None:
         """After a prefill: the prompts' K/V join the tree (later requests may share them at once).
 

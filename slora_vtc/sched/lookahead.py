@@ -11,7 +11,9 @@ class LookAhead:
     def charge_steps(self, running: list[Request], steps: int, now: float) -> bool:
         """Charge `steps` decode steps of the same batch at once (`now`: the time before the first),
         where the result is exactly that of as many `on_decode_step` calls. Returns whether it did;
-        if not, the engine calls on_decode_step before each step, as single steps would."""
+        if not (and then it changed nothing), the engine calls on_decode_step before each step, as
+        single steps would. The batch is the requests that decode: every running one in the S-LoRA
+        loop, a mixed step's decodes under chunked batching (which asks with steps=1 every step)."""
         return False
 
     def heads(self, running: list[Request], steps: int, budget: AdmissionBudget) -> list[tuple[int, Request]] | None:

@@ -13,7 +13,7 @@ LAYERS = [
      "hf_tokenizer", "progress", "steplog"},  # records, a progress bar, the step log
     {"memory", "sched", "model"},  # the pool, the schedulers, a model's math and its records
     # the engine; calibrate_steps: a step model load_testbed reads
-    {"engine", "chunked", "step_logger", "macro_step", "builder", "backends", "calibrate_steps"},
+    {"engine", "chunked", "chunked_macro", "step_logger", "macro_step", "builder", "backends", "calibrate_steps"},
     {"cluster"},  # replicas behind routers
     {"experiment", "runner", "suites", "traces", "metrics", "summary", "calibrate", "figures", "docs", "sweep",
      "plugins", "realrun"},  # experiments

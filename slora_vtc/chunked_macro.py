@@ -1,0 +1,101 @@
+"""Macro-steps of chunked batching (simulator; docs/design.md, "Macro-steps"): the pure decode steps
+that single steps of slora_vtc/chunked.py would run alike run as one, with the same results.
+
+Alike means: nothing in prefill, every running request decoding within the token budget, no request
+short of a block (no preemption; with the prefix cache, no eviction either), and nothing admitted from
+the waiting queue: none can be (the budget or the sequence cap is used up, or not a block is free),
+or the request the scheduler would try at each step (`LookAhead.heads`) provably does not fit. The
+steps end at the first finish, and the backend stops them at the next arrival (`decode_run`).
+"""
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING, NamedTuple
+
+from slora_vtc.memory.budget import CacheHits
+
+if TYPE_CHECKING:
+    from slora_vtc.chunked import ChunkedBatching
+
+
+class DecodeBlocks:
+    """When the decode steps of a batch take blocks. A request with `p` unwritten slots in its last
+    block takes a block at step p + 1, then every block_size steps; sorted by p, the blocks of round
+    r (steps r * block_size + 1 ..) all come before those of round r + 1."""
+
+    def __init__(self, spare: list[int], block_size: int):
+        self.spare, self.block_size = sorted(spare), block_size
+
+    def within(self, steps: int) -> int:
+        """Blocks the first `steps` decode steps take."""
+        rounds, rest = divmod(steps, self.block_size)
+        return len(self.spare) * rounds + bisect_left(self.spare, rest)
+
+    def steps_taking_at_most(self, blocks: int) -> int:
+        """The most decode steps whose blocks number at most `blocks`: those before the step that
+        takes block number blocks + 1."""
+        rounds, i = divmod(blocks, len(self.spare))
+        return self.spare[i] + rounds * self.block_size
+
+
+class Alike(NamedTuple):
+    steps: int  # decode steps from now that single steps would run alike (0: none)
+    to_finish: int  # decode steps until the first running request finishes
+
+
+NONE_ALIKE = Alike(0, 0)
+
+
+def alike_steps(chunked: "ChunkedBatching") -> Alike:
+    """Pure decode steps from now that single steps would run alike (module docstring)."""
+    eng, config, memory = chunked.engine, chunked.config, chunked.engine.memory
+    running = eng.running
+    n = len(running)
+    if not n or chunked.prefilling or n > config.max_num_batched_tokens:
+        return NONE_ALIKE
+    to_finish = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
+    bs = config.block_size
+    blocks = DecodeBlocks([(r.cached_len - r.prompt_len - r.generated + 1) % bs for r in running], bs)
+    room = memory.pool.num_free if memory.cache is not None else memory.available
+    steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
+    admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
+    if steps and admits and eng.scheduler.num_waiting():
+        steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n)
+    return Alike(steps, to_finish)
+
+
+def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int) -> int:
+    """The decode steps before the first at which the waiting pass might admit its head (steps if
+    at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
+    leaves available, which only falls: a head that does not fit at its first step never does."""
+    eng, memory, config = chunked.engine, chunked.engine.memory, chunked.config
+    view = CacheHits(memory)
+    heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
+    if heads is None:
+        return 0
+    available = memory.available
+    for s, req in heads:
+        if s >= steps:
+            break
+        need = config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
+        if need <= available - config.block_size * blocks.within(s + 1):
+            return s
+    return steps
+
+
+def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool:
+    """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
+    Returns whether they ended where the next step is likely not alike: one that may admit or
+    preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
+    eng, bs = chunked.engine, chunked.config.block_size
+    running = eng.running
+    steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
+    ups = [r.prompt_len + r.generated - 2 - r.cached_len + bs for r in running]  # own tokens + bs - 1
+    eng.memory.grow_all(running, steps, [((up + steps) // bs - up // bs) * bs for up in ups])
+    eng._charge_and_grow(steps)
+    eng.clock.wait_until(end)
+    if steps < alike.steps:  # stopped by the backend at `until`
+        return False
+    if steps == alike.to_finish:
+        eng._retire(running)
+        return eng.scheduler.num_waiting() > 0
+    return True

@@ -1,0 +1,145 @@
+"""Chunked batching's macro-steps (slora_vtc/chunked_macro.py) against single steps: on random small
+workloads (arrivals, token budgets, sequence caps, pool and block sizes, the prefix cache on and off,
+FCFS, VTC, LCF and RPM), every request ends exactly as single steps end it, and every counter too.
+The expected values come from single steps (EngineConfig.macro_steps off), the step rule itself.
+"""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slora_vtc.backends.sim import TESTBEDS, SimBackend
+from slora_vtc.chunked_macro import DecodeBlocks
+from slora_vtc.experiment import Experiment
+from slora_vtc.request import Request
+from slora_vtc.runner import run_experiment
+from slora_vtc.sched import build_scheduler
+from tests.helpers.engine import config, make_engine
+
+SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
+PREFIXES = [list(range(1000 * k, 1000 * k + 200)) for k in range(1, 4)]  # shared prompt starts
+
+
+@st.composite
+def workloads(draw) -> list[Request]:
+    shapes = draw(
+        st.lists(
+            st.tuples(
+                st.floats(0, 4, allow_nan=False), st.integers(1, 300), st.integers(1, 120), st.sampled_from("abcd")
+            ),
+            min_size=1,
+            max_size=30,
+        )
+    )
+    seed = draw(st.integers(0, 2**16))
+    rng = random.Random(seed)
+    requests = []
+    for rid, (arrival, prompt, out, client) in enumerate(sorted(shapes)):
+        shared = PREFIXES[rng.randrange(len(PREFIXES))][: rng.randrange(prompt + 1)]
+        ids = shared + [rng.randrange(10**6, 2 * 10**6) for _ in range(prompt - len(shared))]
+        requests.append(Request(client, prompt, out, arrival, rid=rid, prompt_ids=ids))
+    return requests
+
+
+def ended(requests: list[Request], spec: str, macro: bool, **cfg) -> tuple[list[tuple], dict]:
+    """Run copies of the requests; how each ended, and the scheduler's counters."""
+    copies = [
+        Request(r.client, r.prompt_len, r.max_new_tokens, r.arrival, rid=r.rid, prompt_ids=r.prompt_ids)
+        for r in requests
+    ]
+    scheduler = build_scheduler(spec, sorted({r.client for r in requests}))
+    engine = make_engine(
+        scheduler, SimBackend(TESTBEDS["a10g-2024"]), base=config(), batching="chunked", macro_steps=macro, **cfg
+    )
+    engine.run(copies)
+    outcome = [
+        (r.rid, r.state, r.reason, r.generated, r.first_admitted, r.first_token_time, r.finish_time, r.preemptions)
+        + (r.recomputed, r.cached_tokens)
+        for r in copies
+    ]
+    counters = scheduler.counters() if scheduler.traits.ledger else {}
+    return outcome, counters
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    requests=workloads(),
+    spec=st.sampled_from(SCHEDULERS),
+    prefix_cache=st.booleans(),
+    pool=st.integers(320, 4000),
+    budget=st.sampled_from([16, 48, 64, 256, 2048]),
+    max_seqs=st.sampled_from([1, 3, 8, 256]),
+    block=st.sampled_from([1, 4, 16]),
+)
+def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix_cache, pool, budget, max_seqs, block):
+    cfg = dict(
+        prefix_cache=prefix_cache, pool_tokens=pool, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+        block_size=block,
+    )  # fmt: skip
+    assert ended(requests, spec, True, **cfg) == ended(requests, spec, False, **cfg)
+
+
+def blocks_by_steps(spare: list[int], block: int, steps: int) -> int:
+    """Brute force: blocks `steps` decode steps take, step by step (a request with p unwritten slots
+    in its last block writes p tokens, then takes a block every block_size tokens)."""
+    left, taken = list(spare), 0
+    for _ in range(steps):
+        for i, p in enumerate(left):
+            if p == 0:
+                taken, p = taken + 1, block
+            left[i] = p - 1
+    return taken
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), block=st.integers(1, 8), n=st.integers(1, 6))
+def test_decode_blocks_count_as_steps_take_them(data, block, n):
+    spare = data.draw(st.lists(st.integers(0, block - 1), min_size=n, max_size=n))
+    blocks = DecodeBlocks(spare, block)
+    for steps in range(0, 3 * block + 2):
+        assert blocks.within(steps) == blocks_by_steps(spare, block, steps)
+    for allowed in range(0, 3 * n + 2):
+        most = blocks.steps_taking_at_most(allowed)
+        assert blocks_by_steps(spare, block, most) <= allowed < blocks_by_steps(spare, block, most + 1)
+
+
+# The result files of whole suites (the first minute of the long ones), macro-steps on and off: every
+# scheduler family, preemption-heavy pools (the ablation suites), small budgets, sequence caps and
+# blocks, the prefix cache with its schedulers (tests/sim/test_chunked.py has nine more)
+PREFIX = {"prefix_cache": True}
+SUITE_CASES = [
+    ("overload", "lcf", {}),
+    ("overload", "rpm:20", {}),
+    ("overload", "vtc-pred:0.5", {}),
+    ("overload", "vtc-oracle", {}),
+    ("overload_weighted", "wvtc:1,2,3,4", {}),
+    ("overload", "vtc", {"cost": "profile"}),
+    ("dist_shift", "vtc", {}),
+    ("poisson_short_long", "fcfs", {}),
+    ("on_off_overload", "vtc", {}),
+    ("increase", "rpm:20", {}),
+    ("proportional", "vtc", {}),
+    ("real", "fcfs", {}),
+    ("ablation_65k_256", "vtc", {}),
+    ("ablation_35k_768", "fcfs", {}),
+    ("ablation_35k_256", "lcf", {}),
+    ("overload", "vtc", {"max_num_batched_tokens": 256}),
+    ("overload", "fcfs", {"max_num_seqs": 8}),
+    ("overload", "vtc", {"block_size": 32}),
+    ("overload", "lcf", {"block_size": 1, "max_num_batched_tokens": 64}),
+    ("prefix_chat", "vtc", PREFIX),
+    ("prefix_chat", "fcfs", PREFIX),
+    ("prefix_qa", "vtc", PREFIX),
+    ("prefix_tot", "lcf", PREFIX),
+    ("prefix_tot", "rpm:20", PREFIX),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite,scheduler,extra", SUITE_CASES, ids=[f"{s}-{p}-{len(o)}" for s, p, o in SUITE_CASES])
+def test_a_suite_writes_the_result_file_of_single_steps(suite, scheduler, extra):
+    long = suite.startswith(("overload", "dist", "poisson", "on_off", "increase", "proportional"))
+    exp = Experiment.of(suite=suite, scheduler=scheduler, duration=60.0 if long else None, batching="chunked", **extra)
+    assert run_experiment(exp, macro_steps=True).to_json() == run_experiment(exp, macro_steps=False).to_json()
