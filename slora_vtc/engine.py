@@ -256,11 +256,11 @@ class Engine:
             self.abort(req, "the model failed on this request", keep_cache=False)
 
     def _retire(self, batch: list[Request]) -> None:
-        finished = [r for r in batch if r.stopped or r.generated >= r.max_new_tokens]  # Request.done
+        finished = [r for r in batch if r.done]
         if not finished:
             return
         self.scheduler.on_finish(finished, batch, self.clock.now())
-        self.running = [r for r in self.running if not (r.stopped or r.generated >= r.max_new_tokens)]
+        self.running = [r for r in self.running if not r.done]
         for req in finished:
             self._release(req)
             self._end(req, State.FINISHED)
