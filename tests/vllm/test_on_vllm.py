@@ -69,8 +69,10 @@ def settled(server, tenants):
 
 
 def test_stock_vllm_serves_backlogged_tenants_as_they_load_it(stock_vllm):
+    """3 : 1 within 25%, either way (the issue measured 3.1, a clean-clone CI run 2.45): service
+    follows the load, far outside VTC's [0.8, 1.25]."""
     ratio = service_ratio(stock_vllm.url, {"heavy": 24, "light": 8})
-    assert ratio > 2.5
+    assert 0.75 * 3 <= ratio <= 1.25 * 3
 
 
 def test_vtc_inside_vllm_serves_backlogged_tenants_equally(fair_vllm):
