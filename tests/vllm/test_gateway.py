@@ -6,8 +6,8 @@ Expected values, worked out by hand: every request has the same prompt and outpu
 tenant's service is proportional to the tokens it receives. Two tenants keeping 24 and 8 requests in
 flight get about 3 : 1 from vLLM alone (FCFS: each holds its share of the queue); through the gateway
 under VTC, or through the gateway passing through to the plugin's VTC (the light tenant then keeps
-16 in flight), 1 : 1 (asserted within [0.8, 1.25]). The gateway's ledger counts h(x, y) = x + 2 y per finished request from its `usage`,
-and refunds every request that failed.
+16 in flight), 1 : 1 (asserted within [0.8, 1.25]). The gateway's ledger counts h(x, y) = x + 2 y
+per finished request from its `usage`, and refunds every request that failed.
 """
 
 import asyncio
