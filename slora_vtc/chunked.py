@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slora_vtc.backends.base import Chunk, StepResult
-from slora_vtc.chunked_macro import alike_steps, decode_ahead
+from slora_vtc.chunked_macro import alike_steps, decode_ahead, decoded_to
 from slora_vtc.clock import VirtualClock
 from slora_vtc.errors import UserError
 from slora_vtc.memory.budget import CacheHits
@@ -38,11 +38,6 @@ from slora_vtc.step_logger import StepWork
 
 if TYPE_CHECKING:
     from slora_vtc.engine import Engine
-
-
-def decoded_to(req: Request) -> int:
-    """Positions whose K/V a running request whose prefill is complete has computed: all but its newest token's."""
-    return req.prompt_len + req.generated - 1
 
 
 @dataclass
@@ -181,7 +176,7 @@ class ChunkedBatching:
         (it may preempt; when it is itself the victim, the pass ends before it)."""
         eng, memory, block = self.engine, self.engine.memory, self.config.block_size
         running, scheduled = eng.running, None
-        for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
+        for req in [r for r in running if not (decoded_to(r) - r.cached_len) % block]:
             if req.state is not State.RUNNING:  # preempted for one before it
                 continue
             while block > memory.available:

@@ -15,6 +15,17 @@ from slora_vtc.memory.budget import CacheHits
 
 if TYPE_CHECKING:
     from slora_vtc.chunked import ChunkedBatching
+    from slora_vtc.request import Request
+
+
+def decoded_to(req: "Request") -> int:
+    """Positions whose K/V a running request whose prefill is complete has computed: all but its newest token's."""
+    return req.prompt_len + req.generated - 1
+
+
+def own_tokens(running: list["Request"]) -> list[int]:
+    """Each decoding request's computed positions in blocks of its own (its cached prefix's are shared)."""
+    return [decoded_to(r) - r.cached_len for r in running]
 
 
 class DecodeBlocks:
@@ -54,7 +65,7 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
         return NONE_ALIKE
     to_finish = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
     bs = config.block_size
-    blocks = DecodeBlocks([(r.cached_len - r.prompt_len - r.generated + 1) % bs for r in running], bs)
+    blocks = DecodeBlocks([-own % bs for own in own_tokens(running)], bs)  # unwritten slots of each last block
     room = memory.pool.num_free if memory.cache is not None else memory.available
     steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
@@ -86,11 +97,10 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
     """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
     Returns whether they ended where the next step is likely not alike: one that may admit or
     preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
-    eng, bs = chunked.engine, chunked.config.block_size
+    eng, round_up = chunked.engine, chunked.config.round_up
     running = eng.running
     steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
-    ups = [r.prompt_len + r.generated - 2 - r.cached_len + bs for r in running]  # own tokens + bs - 1
-    eng.memory.grow_all(running, steps, [((up + steps) // bs - up // bs) * bs for up in ups])
+    eng.memory.grow_all(running, steps, [round_up(own + steps) - round_up(own) for own in own_tokens(running)])
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
     if steps < alike.steps:  # stopped by the backend at `until`
