@@ -3,6 +3,10 @@ the same suites, both loops timed side by side in one process, repeats interleav
 slora, ...) so that a busy machine slows both alike; the median of the repeats. Issue 20 asks for
 `--batching chunked` to be at least as fast per simulated request as `--batching slora`.
 
+Beside the times, one more (untimed) run of each counts the engine's steps, single and macro alike
+(its `step()` calls): the events the loop visits in Python. Wall time per request is events per
+request times time per event, and the two loops differ in both.
+
     .venv/bin/python benchmarks/chunked_speed.py               # 5 repeats
     .venv/bin/python benchmarks/chunked_speed.py --repeats 9
 
@@ -20,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_info  # noqa: E402 (benchmarks/ is not a package)
 
+from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.experiment import Experiment  # noqa: E402
 from slora_vtc.runner import run_experiment  # noqa: E402
 
@@ -41,6 +46,23 @@ def timed(exp: Experiment) -> tuple[float, int]:
     return time.perf_counter() - start, len(result.responses)
 
 
+def engine_steps(exp: Experiment) -> int:
+    """The engine's step() calls in one run of `exp` (counted around the method, untimed)."""
+    calls, original = 0, Engine.step
+
+    def counted(engine: Engine, until: float | None) -> bool:
+        nonlocal calls
+        calls += 1
+        return original(engine, until)
+
+    Engine.step = counted
+    try:
+        run_experiment(exp)
+    finally:
+        Engine.step = original
+    return calls
+
+
 def measure(repeats: int) -> list[dict]:
     rows = []
     for suite, scheduler, extra in RUNS:
@@ -55,10 +77,17 @@ def measure(repeats: int) -> list[dict]:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
         row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
+        for batching in BATCHINGS:
+            exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
+            steps = engine_steps(exp)
+            row[f"{batching}_steps_per_request"] = steps / requests
+            row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
         rows.append(row)
         print(
             f"{suite:18s} {scheduler:6s} {requests:6d} requests  slora {row['slora_ms_per_request']:.3f} ms/req  "
-            f"chunked {row['chunked_ms_per_request']:.3f} ms/req  ratio {row['chunked_over_slora']:.2f}",
+            f"chunked {row['chunked_ms_per_request']:.3f} ms/req  ratio {row['chunked_over_slora']:.2f}  "
+            f"steps/req {row['slora_steps_per_request']:.2f} : {row['chunked_steps_per_request']:.2f}  "
+            f"us/step {row['slora_us_per_step']:.0f} : {row['chunked_us_per_step']:.0f}",
             flush=True,
         )
     return rows

@@ -10,7 +10,9 @@ arms alike; each gateway round is divided by the direct round just before it.
 Throughput is the output tokens that reached the client inside the window (streamed chunks,
 corrected by `usage` for requests that ended), per second. Beside it, each round records what
 explains a gap: vLLM's own batch (`vllm:num_requests_running` and `_waiting`, sampled every 0.1 s),
-the gateway's budget (`slora_gateway_upstream_limit`) and the CPU seconds of the gateway process.
+the gateway's budget (`slora_gateway_upstream_limit`) and the CPU seconds of the gateway process;
+with `--step-log`, for a vLLM started with the plugin (`fcfs` orders its queue as stock vLLM does)
+and its step log, vLLM's own steps in each window: decodes per step, step and gap times.
 
     # a vLLM on PORT (see docs/gateway.md), then, in our venv:
     python benchmarks/gateway_vllm.py --vllm http://127.0.0.1:PORT [--rounds 4] [--window 20]
@@ -130,13 +132,14 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
     samples: list[dict] = []
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     async with httpx2.AsyncClient(timeout=5) as http:
-        generated = await generation_tokens(http, vllm)
+        generated, first_step = await generation_tokens(http, vllm), step_lines(args.step_log)
         tasks = [
             asyncio.ensure_future(tenant_loop(client, t, n, args, tallies[t], rng)) for t, n in TENANTS.items()
         ] + [asyncio.ensure_future(sample_metrics(http, vllm, gateway, samples))]
         await asyncio.sleep(args.window)
         counted = {t: (tallies[t].tokens, tallies[t].finished) for t in TENANTS}
         generated = await generation_tokens(http, vllm) - generated
+        steps = steps_between(args.step_log, first_step, step_lines(args.step_log))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -153,6 +156,28 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
         "vllm_mean_running": mean("vllm:num_requests_running"),
         "vllm_mean_waiting": mean("vllm:num_requests_waiting"),
         "gateway_mean_limit": mean("slora_gateway_upstream_limit") if gateway else None,
+        "vllm_steps": steps,
+    }
+
+
+def step_lines(path: Path | None) -> int:
+    return len(path.read_text().splitlines()) if path is not None and path.exists() else 0
+
+
+def steps_between(path: Path | None, first: int, last: int) -> dict | None:
+    """vLLM's steps in a window, from the plugin's step log (docs/vllm.md): how full its batch ran
+    (decodes per step, out of --max-num-seqs) and how long its steps and the gaps between them took."""
+    if path is None:
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines()[first:last]]
+    if not records:
+        return None
+    return {
+        "steps": len(records),
+        "decodes_per_step": statistics.fmean(r["decode_reqs"] for r in records),
+        "prefills_per_step": statistics.fmean(r["prefill_reqs"] for r in records),
+        "step_ms": 1000 * statistics.fmean(r["wall_s"] for r in records),
+        "gap_ms": 1000 * statistics.fmean(r["gap_s"] for r in records),
     }
 
 
@@ -237,6 +262,14 @@ def run(args) -> dict:
                 f"limit {through['gateway_mean_limit']:.2f}, cpu {through['gateway_cpu_s']:.1f} s): ratio {ratio:.3f}",
                 flush=True,
             )
+            if direct["vllm_steps"] and through["vllm_steps"]:
+                print(
+                    f"  vLLM's steps: decodes per step {direct['vllm_steps']['decodes_per_step']:.2f} direct, "
+                    f"{through['vllm_steps']['decodes_per_step']:.2f} through the gateway; step "
+                    f"{direct['vllm_steps']['step_ms']:.2f} : {through['vllm_steps']['step_ms']:.2f} ms, gap "
+                    f"{direct['vllm_steps']['gap_ms']:.2f} : {through['vllm_steps']['gap_ms']:.2f} ms",
+                    flush=True,
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -260,6 +293,12 @@ def summarize(rounds: list[dict], gateway_args: str, code: str) -> dict:
         "direct_mean_running": over("direct", "vllm_mean_running"),
         "gateway_mean_running": over("gateway", "vllm_mean_running"),
         "gateway_mean_limit": over("gateway", "gateway_mean_limit"),
+        **{
+            f"{arm}_{key}": spread([r[arm]["vllm_steps"][key] for r in rounds])
+            for arm in ("direct", "gateway")
+            for key in ("decodes_per_step", "step_ms", "gap_ms")
+            if all(r[arm].get("vllm_steps") for r in rounds)
+        },
         "light_share_direct": spread([share(r["direct"]) for r in rounds]),
         "light_share_gateway": spread([share(r["gateway"]) for r in rounds]),
         "ttft_s": {
@@ -289,6 +328,9 @@ def main(argv=None) -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=299, help="prompt token ids are drawn below this")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--step-log", type=Path, help="the plugin's step log of this vLLM (started with the plugin and a step_log)"
+    )
     parser.add_argument("--code", help="which gateway code ran (default: this checkout's git revision)")
     parser.add_argument("--dry", action="store_true", help="print, record nothing")
     parser.add_argument("--resummarize", action="store_true", help="rebuild each recorded run's summary, run nothing")

@@ -82,6 +82,8 @@ def server(name: str, command: list[str], env: dict, ready_url: str, logs: Path)
     """A server process in its own process group until the block ends (its log in `logs`)."""
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}.log"
+    if os.sep in command[0]:  # a program given by a relative path: it runs from `logs` (below)
+        command = [os.path.abspath(command[0]), *command[1:]]
     print(f"[{name}] starting (log: {log_path}): {' '.join(command)}", flush=True)
     with open(log_path, "wb") as log:
         # started in the logs' folder: `python -m` puts its working directory first on sys.path, and

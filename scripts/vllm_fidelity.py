@@ -3,8 +3,10 @@
 1. Starts vLLM for CPUs with our plugin (`vtc`) and its step log, on a random Llama built here
    (hidden 512, 8 layers: on this machine its steps, not the HTTP path, bound the serving), and
    replays a calibration trace with `slora-vtc bench-http --api openai`: two tenants, Poisson
-   arrivals at rising rates, prompts of 16-1,500 tokens and outputs of 8-200, so that steps of every
-   kind and size run. `slora-vtc calibrate --vllm-steps` fits a testbed to the steps of that run.
+   arrivals at rising rates, prompts of 8-1,500 tokens and outputs of 8-256, both log-uniform, so
+   that steps of every kind and size run, full batches over short contexts as over long ones (the
+   model is fitted where the workloads will run, not extrapolated there). `slora-vtc calibrate
+   --vllm-steps` fits a testbed to the steps of that run.
 2. Scales the paper's workloads to this model's speed: time is stretched by the ratio of the
    simulated throughputs on the overload suite (the paper's A10G testbed over the calibrated one),
    so each workload loads vLLM as the paper's loaded the A10G; the first `--seconds` of each are
@@ -30,6 +32,7 @@ machine (nothing else running): the calibration holds only for the conditions it
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -70,8 +73,8 @@ WORKLOADS = {
 SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
 TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
 MIN_REQUESTS = 20  # a tenant's mean TTFT is compared from this many finished requests
-CALIBRATION_RATES = (1.0, 2.0, 4.0)  # requests/s, one phase each
-PROMPTS, OUTPUTS = (16, 1500), (8, 200)
+CALIBRATION_RATES = (1.0, 2.0, 4.0, 8.0)  # requests/s, one phase each
+PROMPTS, OUTPUTS = (8, 1500), (8, 256)  # lengths drawn log-uniformly between these
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,17 @@ class Settings:
 
 
 def calibration_trace(s: Settings, seed: int = 7) -> list[RequestSpec]:
-    """Two tenants, one Poisson phase per rate, random lengths."""
+    """Two tenants, one Poisson phase per rate, log-uniform lengths."""
     rng, records, t = random.Random(seed), [], 0.0
     for phase, rate in enumerate(CALIBRATION_RATES):
         end = (phase + 1) * s.calibration_phase_s
         while (t := t + rng.expovariate(rate)) < end:
-            records.append(RequestSpec(rng.choice("ab"), rng.randint(*PROMPTS), rng.randint(*OUTPUTS), t))
+            records.append(RequestSpec(rng.choice("ab"), _log_uniform(rng, *PROMPTS), _log_uniform(rng, *OUTPUTS), t))
     return records
+
+
+def _log_uniform(rng: random.Random, low: int, high: int) -> int:
+    return min(high, max(low, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
 
 
 def scaled_workload(suite: str, stretch: float, start: float, span: float) -> list[RequestSpec]:
@@ -193,7 +200,17 @@ def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Sett
     before, load = _lines(step_log), os.getloadavg()[0]
     bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
     steps = read_step_log(step_log)[before:]  # one line a step: the lines after `before` are the run's
-    return {"loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)], "step_time_ratio": _step_ratio(steps)}
+    return {
+        "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "step_time_ratio": _step_ratio(steps),
+        "decode_context_p10_p90": context_range(steps),
+    }
+
+
+def context_range(steps: list[StepRecord]) -> list[int]:
+    """The 10th and 90th percentiles of the tokens decode steps attended over: where a run's steps lie."""
+    contexts = sorted(r.context_tokens for r in steps if r.decode_reqs)
+    return [contexts[len(contexts) // 10], contexts[9 * len(contexts) // 10]] if contexts else [0, 0]
 
 
 def _step_ratio(steps: list[StepRecord]) -> float:
@@ -211,6 +228,8 @@ def calibrate_on(url: str, step_log: Path, s: Settings) -> None:
     bench(trace, url, OUT / "calibration.vllm.jsonl", s.deadline, s.deadline, prompt_seed=1)
     lines = step_log.read_text().splitlines()[before:]
     (OUT / "calibration.steps.jsonl").write_text("\n".join(lines) + "\n")
+    contexts = context_range(read_step_log(OUT / "calibration.steps.jsonl"))
+    (OUT / "calibration.json").write_text(json.dumps({"decode_context_p10_p90": contexts}) + "\n")
     cmd = [sys.executable, "-m", "slora_vtc", "calibrate", "--vllm-steps", str(OUT / "calibration.steps.jsonl")]
     subprocess.run([*cmd, "--out", str(OUT / "testbed.json")], check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -331,6 +350,13 @@ def _machine_words(row: dict) -> str:
     return f"{ratio:.2f}x (load {load[0]:.1f} to {load[1]:.1f}); at that speed {at_speed:+.1%}"
 
 
+def within_targets(runs: dict) -> dict[str, int]:
+    """How many runs met each target, and all three (what the docs' verdict counts)."""
+    keys = ("throughput_ok", "shares_ok", "ttft_ok")
+    counts = {key.removesuffix("_ok"): sum(bool(row[key]) for row in runs.values()) for key in keys}
+    return {"runs": len(runs), **counts, "all": sum(all(row[key] for key in keys) for row in runs.values())}
+
+
 def _verdict_words(row: dict) -> str:
     missed = [
         what
@@ -348,6 +374,9 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=Settings.deadline, help="each run is cut after this many s")
     p.add_argument("--compare-only", action="store_true", help="simulate and compare the runs already here")
     args = p.parse_args()
+    if not args.compare_only and not os.access(args.vllm_python, os.X_OK):
+        print(f"vllm_fidelity: --vllm-python {args.vllm_python}: no such program", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers stop (their `finally`) on SIGTERM too
     s = Settings(seconds=args.seconds, deadline=args.deadline)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -359,6 +388,7 @@ def main() -> int:
         record = measure(args, s)
     record["runs"] = compare(s, record["servers"], record["scaling"]["arrivals_s"])
     record["targets"] = TARGETS
+    record["within_targets"] = within_targets(record["runs"])
     SUMMARY.write_text(json.dumps(record, indent=1) + "\n")
     TABLE.write_text(markdown_table(record["runs"]))
     print(f"wrote {SUMMARY.relative_to(REPO)} and {TABLE.relative_to(REPO)} ({time.time() - started:.0f} s)")
@@ -378,6 +408,7 @@ def measure(args, s: Settings) -> dict:
         "settings": asdict(s),
         "model": {"hidden": 512, "layers": 8} if "fidelity-llama" in str(args.model_dir) else str(args.model_dir),
         "scaling": json.loads((OUT / "scaling.json").read_text()),
+        "calibration": json.loads((OUT / "calibration.json").read_text()),
         "testbed": json.loads((OUT / "testbed.json").read_text()),
         "servers": servers,
     }
