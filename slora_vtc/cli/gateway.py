@@ -1,6 +1,6 @@
 """`gateway`: a fair OpenAI-compatible proxy in front of one or more upstream servers (docs/gateway.md)."""
 
-from slora_vtc.serving.keepalive import KEEP_ALIVE_S
+from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP, KEEP_ALIVE_S
 
 
 def cmd_gateway(args) -> int:
@@ -99,8 +99,7 @@ def add_parsers(sub) -> None:
         "--keep-alive-timeout",
         type=float,
         default=KEEP_ALIVE_S,
-        help=f"close an idle client connection after this many seconds (default {KEEP_ALIVE_S:g}: longer than "
-        "clients such as httpx and openai keep idle connections, so that none is closed as a client reuses it)",
+        help=KEEP_ALIVE_HELP,
     )
     gw.add_argument(
         "--log-level",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
 from slora_vtc.cli.experiments import add_adapter_args, add_batching_args, add_model_args, batching_settings, report
-from slora_vtc.serving.keepalive import KEEP_ALIVE_S
+from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP, KEEP_ALIVE_S
 
 
 def cmd_serve(args) -> int:
@@ -135,8 +135,7 @@ def add_parsers(sub) -> None:
         "--keep-alive-timeout",
         type=float,
         default=KEEP_ALIVE_S,
-        help=f"close idle keep-alive connections after this many seconds (default {KEEP_ALIVE_S:g}: longer than "
-        "clients such as httpx and openai keep idle connections, so that none is closed as a client reuses it)",
+        help=KEEP_ALIVE_HELP,
     )
     srv.add_argument(
         "--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)"

@@ -19,10 +19,16 @@ class GatewayContext:
     models: list[str] = field(default_factory=list)  # the upstreams' model ids, at start
     http: httpx2.AsyncClient | None = None  # made on the event loop, in the application's lifespan
 
-    def mark_down(self, upstream: Upstream) -> None:
-        """The upstream failed a connection: send it nothing until a probe answers. If no upstream
-        is left, the waiting requests end now (503) rather than wait for one."""
+    def mark_down(self, upstream: Upstream, certain: bool = True) -> None:
+        """The upstream failed a connection: send it nothing until a probe answers. Where that is
+        `certain` (nothing listens) and no upstream is left, the waiting requests end now (503)
+        rather than wait for one; a connect that only timed out may be a moment's overload, so they
+        wait for the next probe's verdict (`fail_waiting_if_none_up`, after every probe round)."""
         upstream.up = False
+        if certain:
+            self.fail_waiting_if_none_up()
+
+    def fail_waiting_if_none_up(self) -> None:
         if not self.pool.any_up:
             self.dispatcher.fail_waiting(Busy(503, "no upstream is available", "server_error", "upstream_unavailable"))
 

@@ -1,5 +1,6 @@
-"""The probe loop: brings upstreams that failed back when they answer again, adapts the budget of
-those that expose vLLM's queue metrics (adapt.py), and forgets idle clients."""
+"""The probe loop: brings upstreams that failed back when they answer again (and ends the waiting
+requests when none does), adapts the budget of those that expose vLLM's queue metrics (adapt.py),
+and forgets idle clients."""
 
 import asyncio
 
@@ -16,6 +17,7 @@ async def monitor(ctx: GatewayContext, aimd: Aimd = DEFAULT_AIMD) -> None:
     while True:
         await asyncio.sleep(ctx.config.probe_interval_s)
         await asyncio.gather(*(probe(ctx, u, aimd) for u in ctx.pool.upstreams))
+        ctx.fail_waiting_if_none_up()  # nothing came back: requests waiting for one end (503)
         ctx.dispatcher.expire(ctx.config.client_idle_s)
         ctx.dispatcher.pump()  # an upstream back, or a larger budget: room for waiting requests
 

@@ -21,24 +21,26 @@ DONE = "[DONE]"
 
 
 def failed(ctx: GatewayContext, ticket: Ticket, error: httpx2.HTTPError) -> ApiError:
-    """Count the upstream's failure, refund the request, and say what happened."""
+    """Count the upstream's failure, refund the request, and say what happened. A connection that
+    could not be made marks the upstream down first, so that the slot the refund frees goes to no
+    waiting request while it is (a broken stream alone is not that)."""
     upstream = ticket.upstream
-    ctx.dispatcher.fail(ticket)
     if isinstance(error, httpx2.TimeoutException):
         upstream.timeouts += 1
         if isinstance(error, httpx2.ConnectTimeout):
-            ctx.mark_down(upstream)
-        return ApiError(
+            ctx.mark_down(upstream, certain=False)
+        answer = ApiError(
             504, f"upstream {upstream.url} timed out ({type(error).__name__})", "server_error", "upstream_timeout"
         )
-    upstream.errors += 1
-    if isinstance(error, httpx2.ConnectError):
-        ctx.mark_down(
-            upstream
-        )  # nothing listens: out of service until a probe answers (a broken stream alone is not that)
-    return ApiError(
-        502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error"
-    )
+    else:
+        upstream.errors += 1
+        if isinstance(error, httpx2.ConnectError):
+            ctx.mark_down(upstream)  # nothing listens: out of service until a probe answers
+        answer = ApiError(
+            502, f"upstream {upstream.url} failed ({type(error).__name__}: {error})", "server_error", "upstream_error"
+        )
+    ctx.dispatcher.fail(ticket)
+    return answer
 
 
 async def answer_whole(ctx: GatewayContext, kind: ApiKind, ticket: Ticket, reply: httpx2.Response) -> Response:

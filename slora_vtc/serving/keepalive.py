@@ -8,3 +8,7 @@ Limits). Light on purpose: the command line reads it without the serving depende
 """
 
 KEEP_ALIVE_S = 75.0
+KEEP_ALIVE_HELP = (
+    f"close an idle client connection after this many seconds (default {KEEP_ALIVE_S:g}: longer than "
+    "clients such as httpx and openai keep idle connections, so that none is closed as a client reuses it)"
+)

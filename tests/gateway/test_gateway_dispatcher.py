@@ -5,7 +5,9 @@ Expected counters are worked out by hand from the paper's linear cost h(x, y) = 
 as the engine does: h(x, 0) at dispatch, then 2 for each token after the first."""
 
 import asyncio
+import socket
 
+import httpx2
 import pytest
 
 from slora_vtc.cost import LinearCost
@@ -15,6 +17,8 @@ from slora_vtc.gateway.config import GatewayConfig, upstream_base
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Busy, Dispatcher
 from slora_vtc.gateway.metrics import render
+from slora_vtc.gateway.monitor import monitor
+from slora_vtc.gateway.relay import failed
 from slora_vtc.gateway.run import build_context
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
@@ -182,6 +186,54 @@ def test_when_every_upstream_is_down_waiting_requests_end_with_503():
             d.submit("a", 4, 4)
         d.fail(running)
         assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
+
+    run(scenario)
+
+
+def test_a_connect_timeout_fails_its_request_only_a_refused_connect_ends_the_waiting_ones():
+    """With the only upstream marked down, a refused connection (nothing listens) ends the waiting
+    requests at once (503); a connect that timed out is a 504 for its own request and leaves the
+    waiting ones queued for the next probe round's verdict."""
+
+    async def scenario():
+        for error, status, waiting_ends in (
+            (httpx2.ConnectError("refused"), 502, True),
+            (httpx2.ConnectTimeout("timed out"), 504, False),
+        ):
+            d = dispatcher("vtc")
+            ctx = GatewayContext(GatewayConfig(upstreams=("http://u0",)), Clients(), d.pool, d)
+            sent, waiting = d.submit("a", 4, 4), d.submit("b", 4, 4)
+            assert failed(ctx, sent, error).status == status
+            assert not d.pool.upstreams[0].up and waiting.slot.done() is waiting_ends
+            ctx.fail_waiting_if_none_up()  # what every probe round ends with
+            with pytest.raises(Busy) as refused:
+                waiting.slot.result()
+            assert refused.value.status == 503
+            assert d.num_waiting == 0 and d.scheduler.num_waiting() == 0 and d.pool.inflight == 0
+
+    run(scenario)
+
+
+def test_a_probe_round_that_finds_no_upstream_up_ends_the_waiting_requests():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    async def scenario():
+        d = Dispatcher(build_scheduler("vtc", ["a", "b"]), UpstreamPool([Upstream(url, 1)]), LinearCost(), 100)
+        config = GatewayConfig(upstreams=(url,), probe_interval_s=0.01, connect_timeout_s=1.0)
+        ctx = GatewayContext(config, Clients(), d.pool, d)
+        sent, waiting = d.submit("a", 4, 4), d.submit("b", 4, 4)
+        d.pool.upstreams[0].up = False  # as after a connect that timed out
+        async with httpx2.AsyncClient() as ctx.http:
+            probes = asyncio.ensure_future(monitor(ctx))
+            try:
+                with pytest.raises(Busy):
+                    await asyncio.wait_for(asyncio.shield(waiting.slot), 10)
+            finally:
+                probes.cancel()
+        d.fail(sent)
+        assert d.num_waiting == 0 and d.pool.inflight == 0
 
     run(scenario)
 
