@@ -159,8 +159,7 @@ class DLPM(LPM, Ledger):
         return drained
 
     def _end_waiting(self, req: Request) -> None:
-        if req.generated:  # preempted: forget what was kept for it
-            self._charged.pop(req.rid, None)
+        self._charged.pop(req.rid, None)  # preempted (in mid-prompt too): forget what was kept for it
         self._waiting[req.client] -= 1
         self._leave_if_idle(req.client)
 

@@ -211,8 +211,9 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         return drained
 
     def _end_waiting(self, req: Request) -> None:
-        """A preempted request that ends while waiting is settled like an aborted running one."""
-        if req.generated:
+        """A preempted request that ends while waiting is settled like an aborted running one (one
+        preempted in mid-prompt, before its first token, has a record too)."""
+        if req.rid in self.records:
             self.settle(req)
 
     def num_waiting(self) -> int:

@@ -11,6 +11,7 @@ from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
+from slora_vtc.sched.prompt_charge import PromptProgress
 from slora_vtc.sched.vtc_predict import OraclePredictor, PredictingVTC
 from tests.helpers.engine import FixedBackend, run_engine
 from tests.helpers.sched import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
@@ -148,6 +149,21 @@ def test_vtc_settles_a_preempted_request_that_ends_while_waiting(end):
     vtc.on_preempt(r, 0.0)
     assert vtc.remove(r) if end == "remove" else vtc.drain() == [r]
     assert vtc.counter_of("a") == 14 and vtc.records == {} and vtc.num_waiting() == 0
+
+
+@pytest.mark.parametrize("end", ["remove", "drain"])
+def test_vtc_forgets_a_request_preempted_mid_prompt_that_ends_while_waiting(end):
+    """Chunked batching: 4 of a 10-token prompt computed (charged h(4, 0) = 4), preempted before its
+    first token, then aborted while waiting: the charge stays (as for an aborted running request),
+    and nothing is kept for it (a record left behind would count its client as served forever)."""
+    vtc = VTC()
+    (r,) = reqs(("a", 10, 5))
+    arrive(vtc, r)
+    vtc.pop(r, 0.0)
+    PromptProgress(cached=0).report(vtc, r, 4, 0.0)
+    vtc.on_preempt(r, 0.0)
+    assert vtc.remove(r) if end == "remove" else vtc.drain() == [r]
+    assert vtc.counter_of("a") == 4 and vtc.records == {} and vtc.num_waiting() == 0
 
 
 # -- DLPM --------------------------------------------------------------------------------------------
