@@ -139,7 +139,7 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
         await asyncio.sleep(args.window)
         counted = {t: (tallies[t].tokens, tallies[t].finished) for t in TENANTS}
         generated = await generation_tokens(http, vllm) - generated
-        steps = steps_between(args.step_log, first_step, step_lines(args.step_log))
+        steps = steps_since(args.step_log, first_step)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -164,12 +164,13 @@ def step_lines(path: Path | None) -> int:
     return len(path.read_text().splitlines()) if path is not None and path.exists() else 0
 
 
-def steps_between(path: Path | None, first: int, last: int) -> dict | None:
-    """vLLM's steps in a window, from the plugin's step log (docs/vllm.md): how full its batch ran
-    (decodes per step, out of --max-num-seqs) and how long its steps and the gaps between them took."""
+def steps_since(path: Path | None, first: int) -> dict | None:
+    """vLLM's steps from line `first` of the plugin's step log to now (docs/vllm.md): how full its
+    batch ran (decodes per step, out of --max-num-seqs) and how long its steps and the gaps between
+    them took."""
     if path is None:
         return None
-    records = [json.loads(line) for line in path.read_text().splitlines()[first:last]]
+    records = [json.loads(line) for line in path.read_text().splitlines()[first:]]
     if not records:
         return None
     return {

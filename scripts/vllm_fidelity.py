@@ -350,19 +350,18 @@ def _machine_words(row: dict) -> str:
     return f"{ratio:.2f}x (load {load[0]:.1f} to {load[1]:.1f}); at that speed {at_speed:+.1%}"
 
 
+CHECKS = (("throughput", "throughput_ok"), ("shares", "shares_ok"), ("TTFT", "ttft_ok"))  # a run's targets, named
+
+
 def within_targets(runs: dict) -> dict[str, int]:
     """How many runs met each target, and all three (what the docs' verdict counts)."""
-    keys = ("throughput_ok", "shares_ok", "ttft_ok")
+    keys = [key for _, key in CHECKS]
     counts = {key.removesuffix("_ok"): sum(bool(row[key]) for row in runs.values()) for key in keys}
     return {"runs": len(runs), **counts, "all": sum(all(row[key] for key in keys) for row in runs.values())}
 
 
 def _verdict_words(row: dict) -> str:
-    missed = [
-        what
-        for what, ok in (("throughput", row["throughput_ok"]), ("shares", row["shares_ok"]), ("TTFT", row["ttft_ok"]))
-        if not ok
-    ]
+    missed = [what for what, key in CHECKS if not row[key]]
     return "yes" if not missed else "no: " + ", ".join(missed)
 
 
