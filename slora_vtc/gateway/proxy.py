@@ -75,19 +75,23 @@ async def forward(
 async def _send(
     ctx: GatewayContext, ticket: Ticket, path: str, data: bytes, headers: dict[str, str]
 ) -> httpx2.Response:
-    """The upstream's answer (its headers). A connection that cannot be made sent nothing, so the
-    request moves to another upstream with a free slot, while there is one."""
+    """The upstream's answer (its headers). A connection that cannot be made (refused, or not made
+    within the connect timeout) sent nothing, so the request moves to another upstream with a free
+    slot, while there is one."""
     while True:
         try:
             return await ctx.http.send(
                 ctx.http.build_request("POST", ticket.upstream.url + path, content=data, headers=headers), stream=True
             )
-        except httpx2.ConnectError:
-            dead = ticket.upstream
-            ctx.mark_down(dead)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+            unreachable, refused = ticket.upstream, isinstance(e, httpx2.ConnectError)
+            ctx.mark_down(unreachable, certain=refused)
             if not ctx.dispatcher.move(ticket):
-                raise  # nowhere else to go: a 502 (failed counts this last error)
-            dead.errors += 1
+                raise  # nowhere else to go: a 502 or 504 (failed counts this last error)
+            if refused:
+                unreachable.errors += 1
+            else:
+                unreachable.timeouts += 1
 
 
 async def _settle_unsettled(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> None:

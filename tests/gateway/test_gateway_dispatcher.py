@@ -214,6 +214,41 @@ def test_a_connect_timeout_fails_its_request_only_a_refused_connect_ends_the_wai
     run(scenario)
 
 
+@pytest.mark.parametrize("error", [httpx2.ConnectError("refused"), httpx2.ConnectTimeout("timed out")])
+def test_a_request_whose_connection_was_never_made_moves_to_an_upstream_that_answers(error):
+    """Neither a refused connect nor one that timed out sent the request: it goes to the other
+    upstream (which answers 200) instead of failing, and the first one is marked down and counted."""
+    from slora_vtc.gateway.proxy import _send
+
+    async def scenario():
+        d = dispatcher("vtc", limits=(1, 1))
+        ctx = GatewayContext(GatewayConfig(upstreams=("http://u0", "http://u1")), Clients(), d.pool, d)
+        ticket = d.submit("a", 4, 4)
+        first = ticket.upstream
+        asked = []
+
+        def answer(request: httpx2.Request) -> httpx2.Response:
+            asked.append(f"http://{request.url.host}")
+            if asked[-1] == first.url:
+                raise error
+            return httpx2.Response(200, text="data: [DONE]\n\n")
+
+        async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as ctx.http:
+            reply = await _send(ctx, ticket, "/v1/completions", b"{}", {})
+        other = next(u for u in d.pool.upstreams if u is not first)
+        assert reply.status_code == 200 and asked == [first.url, other.url] and ticket.upstream is other
+        assert (
+            not first.up
+            and other.up
+            and (first.errors, first.timeouts) == ((1, 0) if isinstance(error, httpx2.ConnectError) else (0, 1))
+        )
+        assert (first.inflight, other.inflight) == (0, 1)
+        d.finish(ticket)
+        assert d.pool.inflight == 0
+
+    run(scenario)
+
+
 def test_a_probe_round_that_finds_no_upstream_up_ends_the_waiting_requests():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
