@@ -12,12 +12,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from slora_vtc.gateway.assemble import assembles
 from slora_vtc.gateway.charges import estimate_tokens
 from slora_vtc.serving.errors import ApiError, error_body, validation_message
-from slora_vtc.serving.protocol import CHAT_DEFAULT_MAX_TOKENS, COMPLETION_DEFAULT_MAX_TOKENS, GenerateParameters
+from slora_vtc.serving.protocol import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    GenerateParameters,
+    Int,
+)
 from slora_vtc.serving.sse import sse
 
 
@@ -26,9 +31,9 @@ class _OpenAIFields(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
     stream: bool = False
-    max_tokens: int | None = Field(None, gt=0)
-    max_completion_tokens: int | None = Field(None, gt=0)
-    n: int | None = Field(None, gt=0)
+    max_tokens: Int(gt=0) | None = None  # 16.0 is 16, as serve and vLLM take it
+    max_completion_tokens: Int(gt=0) | None = None
+    n: Int(gt=0) | None = None
     user: str | None = None
     stream_options: dict | None = None
 

@@ -92,6 +92,8 @@ def test_an_upstream_s_400_passes_through_and_nothing_stays_charged(gw):
         (b'{"prompt": "x", "max_tokens": "16"}', "max_tokens: Input should be a valid integer"),
         (b'{"prompt": "x", "stream": "yes"}', "stream: Input should be a valid boolean"),
         (b'{"prompt": "x", "max_tokens": 0}', "max_tokens: Input should be greater than 0"),
+        (b'{"prompt": "x", "max_tokens": 2.5}', "max_tokens: Input should be a valid integer"),
+        (b'{"prompt": "x", "n": 1.5}', "n: Input should be a valid integer"),
         (b'{"prompt": "x", "user": 5}', "user: Input should be a valid string"),
     ],
 )

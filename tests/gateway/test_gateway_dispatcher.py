@@ -13,6 +13,7 @@ import pytest
 from slora_vtc.cost import LinearCost
 from slora_vtc.errors import UserError
 from slora_vtc.gateway.adapt import Aimd, queue_metrics
+from slora_vtc.gateway.api import CHAT, COMPLETIONS
 from slora_vtc.gateway.config import GatewayConfig, upstream_base
 from slora_vtc.gateway.context import GatewayContext
 from slora_vtc.gateway.dispatcher import Busy, Dispatcher
@@ -44,6 +45,13 @@ def dispatcher(spec: str = "vtc", limits=(1,), max_waiting: int = 100) -> Dispat
 
 def run(scenario):
     return asyncio.run(scenario())
+
+
+def test_a_count_with_no_fraction_is_an_integer_as_serve_and_vllm_take_it():
+    """max_tokens 16.0 reserves 16 tokens a prompt, n 2.0 two choices: 2 prompts x 16 x 2 = 64."""
+    routing = COMPLETIONS.route({"prompt": [[1, 2], [3]], "max_tokens": 16.0, "n": 2.0})
+    assert routing.max_tokens == 64 and type(routing.max_tokens) is int
+    assert CHAT.route({"messages": [], "max_completion_tokens": 7.0}).max_tokens == 7
 
 
 def test_every_registry_scheduler_is_either_covered_or_refused():
