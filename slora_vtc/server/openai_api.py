@@ -95,7 +95,7 @@ async def completions(body: CompletionRequest, http: Request, who: CallerDep):
     )  # off the event loop: a long prompt must not stall streams
     gens = await _start(ctx, client, body, ids, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, adapter)
     echoes = [p if isinstance(p, str) else ctx.tokenizer.decode(i) for p, i in zip(prompts, ids)] if body.echo else None
-    reply = Reply(ctx, "cmpl", CompletionChoices(ctx, body, echoes), body.include_usage)
+    reply = Reply(ctx, "cmpl", CompletionChoices(ctx, body, echoes), body.include_usage, adapter)
     if body.stream:
         return sse_response(gens, reply.stream(gens))
     await collect_all(gens, http)
@@ -115,7 +115,7 @@ async def chat(body: ChatRequest, http: Request, who: CallerDep):
         or max(1, min(CHAT_DEFAULT_MAX_TOKENS, room(ctx, len(ids), adapter)))
     )
     gens = await _start(ctx, client, body, [ids], max_tokens, adapter)
-    reply = Reply(ctx, "chatcmpl", ChatChoices(ctx, body), body.include_usage)
+    reply = Reply(ctx, "chatcmpl", ChatChoices(ctx, body), body.include_usage, adapter)
     if body.stream:
         return sse_response(gens, reply.stream(gens))
     await collect_all(gens, http)

@@ -124,9 +124,10 @@ Choices = CompletionChoices | ChatChoices
 class Reply:
     """The envelope shared by every response and chunk of one request."""
 
-    def __init__(self, ctx: ServerContext, prefix: str, choices: Choices, include_usage: bool):
+    def __init__(self, ctx: ServerContext, prefix: str, choices: Choices, include_usage: bool, adapter: str | None):
+        """`model` names the LoRA adapter that served the request, else the base model's first name (as vLLM)."""
         self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.choices, self.model, self.created = choices, ctx.model_name, int(time.time())
+        self.choices, self.model, self.created = choices, adapter or ctx.model_name, int(time.time())
         self.include_usage = include_usage
 
     def _envelope(self, kind: str, **fields) -> dict:

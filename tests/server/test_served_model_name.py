@@ -1,6 +1,6 @@
 """`serve --served-model-name`, as vLLM's: the base model answers to every name given, /v1/models lists
-them (then the adapters), responses say the first, and any other name (the model's own included) is the
-usual 404."""
+them (then the adapters), responses say the first (or the LoRA adapter that served them), and any other
+name (the model's own included) is the usual 404."""
 
 import httpx2
 import pytest
@@ -45,6 +45,14 @@ def test_every_name_is_served_and_responses_say_the_first(server, client, name):
     body = {"prompt": KW["prompt"], "max_tokens": 4, "temperature": 0, "ignore_eos": True}  # no model: the base
     unnamed = httpx2.post(f"{server.url}/v1/completions", json=body)
     assert unnamed.json()["model"] == NAMES[0] and unnamed.json()["choices"][0]["text"] == whole.choices[0].text
+
+
+def test_a_response_names_the_lora_adapter_that_served_it(client):
+    """vLLM's responses name the LoRA adapter a request was served by, not the base model."""
+    whole = client.completions.create(model="dummy-0", **KW)
+    chat = client.chat.completions.create(model="dummy-0", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    chunks = list(client.completions.create(model="dummy-0", stream=True, **KW))
+    assert (whole.model, chat.model, {c.model for c in chunks}) == ("dummy-0", "dummy-0", {"dummy-0"})
 
 
 @pytest.mark.parametrize("name", ["tiny", "gpt-4"])
