@@ -81,6 +81,8 @@ class ChunkedBatching:
         self.prefilling: dict[int, int] = {}  # rid -> positions whose K/V exist (cached ones included), of
         # running requests whose prefill is not complete
         self.prompts: dict[int, PromptProgress] = {}  # rid -> its prompt's charges, until it ends
+        self.computed_to: dict[int, int] = {}  # rid -> positions whose K/V a preempted request had
+        # computed before (the most over its preemptions), until it ends: what its chunks compute again
         self._event_next = False  # a macro-step ended where the next step is a single one: no need to ask
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
@@ -97,6 +99,7 @@ class ChunkedBatching:
         if not plan:  # nothing to compute; a step that only preempted still changed something
             return plan.preempted > 0
         self._charge(plan)
+        self._count_recomputed(plan)
         self._run(plan)
         return True
 
@@ -104,6 +107,7 @@ class ChunkedBatching:
         """A request ended."""
         self.prefilling.pop(req.rid, None)
         self.prompts.pop(req.rid, None)
+        self.computed_to.pop(req.rid, None)
 
     # -- scheduling: vLLM's step rule ---------------------------------------------------------------
     def _schedule(self) -> Plan:
@@ -228,8 +232,16 @@ class ChunkedBatching:
         return self.config.round_up(own + n) - self.config.round_up(own)
 
     def _preempt(self, req: Request) -> None:
-        self.prefilling.pop(req.rid, None)
+        done = self.prefilling.pop(req.rid, None)
+        computed = decoded_to(req) if done is None else done  # mid-prompt: the chunks so far
+        self.computed_to[req.rid] = max(self.computed_to.get(req.rid, 0), computed)
         self.engine._preempt(req)
+
+    def _count_recomputed(self, plan: Plan) -> None:
+        """Request.recomputed: the positions of each chunk that a preemption had already seen computed."""
+        for chunk in plan.chunks:
+            if (computed := self.computed_to.get(chunk.req.rid)) is not None:
+                chunk.req.recomputed += max(0, min(chunk.start + chunk.length, computed) - chunk.start)
 
     # -- charging ----------------------------------------------------------------------------------
     def _charge(self, plan: Plan) -> None:

@@ -121,8 +121,6 @@ class MemoryManager:
                 self._own[req.rid] = []
         else:
             self._counts[req.rid] = 0
-        if req.generated:
-            req.recomputed += max(0, req.prefill_len - 1 - req.cached_len)
 
     def start_cost(self, req: Request) -> int:
         """Slots `start` would take from what is available: cached slots it locks that nobody locks

@@ -56,6 +56,12 @@ class Seq:
     generated: int = 0
     computed: int = 0  # positions with K/V
     prefilling: bool = True
+    computed_before: int = 0  # the most positions it had computed when it was preempted
+    recomputed: int = 0  # positions computed again after a preemption
+
+    def compute(self, n: int) -> None:
+        self.recomputed += max(0, min(self.computed + n, self.computed_before) - self.computed)
+        self.computed += n
 
 
 def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
@@ -66,7 +72,8 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
     preempted, waiting requests in arrival order while the budget, the sequence cap and the free
     blocks allow; a step that scheduled nothing runs no forward pass. The victim rule is the
     engine's default scheduler's (the latest arrival), not vLLM's FCFS policy's (the last in its
-    running list), so that a test can compare. Returns the steps and each request's end."""
+    running list), so that a test can compare. Returns the steps and each request's end (with the
+    positions it computed again after preemptions)."""
     blocks = pool // block
     seqs = [Seq(rid, a, p, o) for rid, (a, p, o) in enumerate(shapes)]
     pending = list(seqs)
@@ -85,7 +92,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
         while pending and pending[0].arrival <= t:
             s = pending.pop(0)
             if math.ceil((s.prompt + s.out - 1) / block) > blocks:
-                ended[s.rid] = ("rejected", t)
+                ended[s.rid] = ("rejected", t, 0)
             else:
                 waiting.append(s)
         step, left, preempted, i = [], budget, False, 0
@@ -103,6 +110,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
                     step.remove(entry)
                     left += entry[1]
                 running.remove(victim)
+                victim.computed_before = max(victim.computed_before, victim.computed)
                 victim.computed, victim.prefilling = 0, True
                 waiting.append(victim)
                 waiting.sort(key=lambda r: (r.arrival, r.rid))
@@ -112,7 +120,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
                     break
             if gone:
                 break
-            s.computed += n
+            s.compute(n)
             step.append((s.rid, n, "chunk" if s.prefilling else "decode"))
             left -= n
             i += 1
@@ -123,7 +131,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
                 break
             waiting.pop(0)
             running.append(s)
-            s.computed = n
+            s.compute(n)
             step.append((s.rid, n, "chunk"))
             left -= n
         if not step and preempted:  # only preempted (its first request chose itself): no forward pass
@@ -144,7 +152,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
             s.generated += 1
             if s.generated == s.out:
                 running.remove(s)
-                ended[rid] = ("finished", t)
+                ended[rid] = ("finished", t, s.recomputed)
     return steps, ended
 
 
@@ -170,7 +178,7 @@ def test_the_engine_schedules_what_vllms_step_rule_schedules(shapes, block, budg
         max_num_batched_tokens=budget, max_num_seqs=max_seqs, block_size=block,
     )  # fmt: skip
     assert backend.steps == expected_steps
-    assert {r.rid: (r.state.value, r.finish_time) for r in requests} == expected_ends
+    assert {r.rid: (r.state.value, r.finish_time, r.recomputed) for r in requests} == expected_ends
     assert_clean(engine, requests)
 
 
