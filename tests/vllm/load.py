@@ -173,8 +173,9 @@ def assert_backlogged(stats: list[dict], tenants) -> None:
     """Every tenant had a request waiting in vLLM in at least 90 % of the plugin's stats samples `stats`:
     what "backlogged" means to a scheduler (the note on OUTPUT)."""
     for tenant in tenants:
-        idle = sum(not s["tenants"].get(tenant, {}).get("waiting") for s in stats)
-        assert idle <= 0.1 * len(stats), f"{tenant} had nothing waiting in {idle} of {len(stats)} samples"
+        waiting = [int(s["tenants"].get(tenant, {}).get("waiting", 0)) for s in stats]
+        idle = waiting.count(0)
+        assert idle <= 0.1 * len(stats), f"{tenant} had nothing waiting in {idle} of {len(stats)} samples: {waiting}"
 
 
 def wait_until(predicate, timeout_s: float = 30.0, every_s: float = 0.5):
