@@ -195,5 +195,5 @@ class Llama:
     def mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Batch) -> torch.Tensor:
         gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
         gate, up = self.lora(i, h, gate, "gate_proj", batch), self.lora(i, h, up, "up_proj", batch)
-        act = F.silu(gate) * up
+        act = F.silu(gate).mul_(up)  # in place: one activation-sized tensor less (a prefill's are megabytes)
         return self.lora(i, act, F.linear(act, layer.w_down), "down_proj", batch)

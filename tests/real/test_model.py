@@ -131,6 +131,18 @@ def test_torch_ops_match_reference():
     assert torch.equal(ck, rk) and torch.equal(cv, rv)
 
 
+def test_torch_rotary_reuses_its_table_only_for_the_same_positions_and_frequencies():
+    """The torch ops compute the rotary table once per forward (every layer passes the same positions tensor):
+    other positions, or other frequencies, with the same shapes, must get their own rotation (the reference's)."""
+    ops = load_ops("torch")
+    q, k = rand(5, 4, 16), rand(5, 2, 16)
+    inv_freq, other_freq = default_frequencies(16, 10_000.0), default_frequencies(16, 500.0)
+    first, second = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([9, 7, 5, 3, 1])
+    for pos, freq in ((first, inv_freq), (first, inv_freq), (second, inv_freq), (second, other_freq)):
+        for ours, ref in zip(ops.rotary_embedding(q, k, pos, freq), reference.rotary_embedding(q, k, pos, freq)):
+            torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_torch_attention_over_many_requests_and_prompts_of_one_length():
     """decode_attention in several chunks of requests (ragged and full tables); prefill of equal-length
     prompts in one call."""
