@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument(
         "--baseline", type=Path, help="also our serve from this checkout of an older revision (PYTHONPATH), as 'before'"
     )
-    p.add_argument("--port", type=int, default=8180, help="ours; vLLM gets the next one, the baseline the one after")
+    p.add_argument("--port", type=int, default=8180, help="ours; vLLM, before, chunked, threads: the next four")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
@@ -150,6 +150,12 @@ def main() -> None:
         action="store_true",
         help="also our serve with --batching chunked (vLLM's step settings on a CPU), as 'chunked'",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="also our serve with this many torch threads (OMP_NUM_THREADS; ours picks one for a model this small)"
+        " as 'threads': vLLM's model worker has one thread, its HTTP server and engine core run in other processes",
+    )
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -163,6 +169,7 @@ def main() -> None:
     ours_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port)]
     before_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 2)]
     chunked_cmd = [*args.our_cmd.split(), *ours_args, *CHUNKED, "--port", str(args.port + 3)]
+    threads_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 4)]
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model)]
     vllm_cmd += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(args.port + 1)]
     vllm_cmd += ["--dtype", args.dtype] + (["--enforce-eager"] if args.vllm_eager else [])
@@ -182,7 +189,11 @@ def main() -> None:
         if args.chunked:
             procs["chunked"] = start(chunked_cmd, {}, work / "chunked.log")
             started["chunked"] = wait_ready(procs["chunked"], args.port + 3, work / "chunked.log", args.start_timeout)
+        if args.threads is not None:
+            procs["threads"] = start(threads_cmd, {"OMP_NUM_THREADS": str(args.threads)}, work / "threads.log")
+            started["threads"] = wait_ready(procs["threads"], args.port + 4, work / "threads.log", args.start_timeout)
         ports = {"ours": args.port, "vllm": args.port + 1, "before": args.port + 2, "chunked": args.port + 3}
+        ports["threads"] = args.port + 4
         names = list(procs)
         for name in names:  # warm-up
             burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}")
@@ -211,6 +222,7 @@ def main() -> None:
             "dtype": args.dtype,
             "ours": "serve " + " ".join(ours_args),
             "chunked": "serve " + " ".join([*ours_args, *CHUNKED]) if args.chunked else None,
+            "threads": None if args.threads is None else f"OMP_NUM_THREADS={args.threads} serve " + " ".join(ours_args),
             "vllm": " ".join(vllm_cmd[3:]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",
