@@ -166,34 +166,30 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm_"))
     ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs"]
     ours_args += ["--model", str(args.model)]
-    ours_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port)]
-    before_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 2)]
-    chunked_cmd = [*args.our_cmd.split(), *ours_args, *CHUNKED, "--port", str(args.port + 3)]
-    threads_cmd = [*args.our_cmd.split(), *ours_args, "--port", str(args.port + 4)]
+    ours = [*args.our_cmd.split(), *ours_args]
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model)]
-    vllm_cmd += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(args.port + 1)]
+    vllm_cmd += ["--served-model-name", model_name, "--host", "127.0.0.1"]
     vllm_cmd += ["--dtype", args.dtype] + (["--enforce-eager"] if args.vllm_eager else [])
     vllm_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     vllm_env |= {"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    # name -> (command without its port, environment, port), in the order the bursts alternate over
+    servers = {"ours": (ours, {}, args.port)}
+    if not args.skip_vllm:
+        servers["vllm"] = (vllm_cmd, vllm_env, args.port + 1)
+    if args.baseline is not None:
+        servers["before"] = (ours, {"PYTHONPATH": str(args.baseline)}, args.port + 2)
+    if args.chunked:
+        servers["chunked"] = ([*ours, *CHUNKED], {}, args.port + 3)
+    if args.threads is not None:
+        servers["threads"] = (ours, {"OMP_NUM_THREADS": str(args.threads)}, args.port + 4)
+    ports = {name: port for name, (_, _, port) in servers.items()}
     procs: dict[str, subprocess.Popen] = {}
     started: dict[str, float] = {}
     try:
-        procs["ours"] = start(ours_cmd, {}, work / "ours.log")
-        started["ours"] = wait_ready(procs["ours"], args.port, work / "ours.log", args.start_timeout)
-        if not args.skip_vllm:
-            procs["vllm"] = start(vllm_cmd, vllm_env, work / "vllm.log")
-            started["vllm"] = wait_ready(procs["vllm"], args.port + 1, work / "vllm.log", args.start_timeout)
-        if args.baseline is not None:
-            procs["before"] = start(before_cmd, {"PYTHONPATH": str(args.baseline)}, work / "before.log")
-            started["before"] = wait_ready(procs["before"], args.port + 2, work / "before.log", args.start_timeout)
-        if args.chunked:
-            procs["chunked"] = start(chunked_cmd, {}, work / "chunked.log")
-            started["chunked"] = wait_ready(procs["chunked"], args.port + 3, work / "chunked.log", args.start_timeout)
-        if args.threads is not None:
-            procs["threads"] = start(threads_cmd, {"OMP_NUM_THREADS": str(args.threads)}, work / "threads.log")
-            started["threads"] = wait_ready(procs["threads"], args.port + 4, work / "threads.log", args.start_timeout)
-        ports = {"ours": args.port, "vllm": args.port + 1, "before": args.port + 2, "chunked": args.port + 3}
-        ports["threads"] = args.port + 4
+        for name, (cmd, env, port) in servers.items():
+            log = work / f"{name}.log"
+            procs[name] = start([*cmd, "--port", str(port)], env, log)
+            started[name] = wait_ready(procs[name], port, log, args.start_timeout)
         names = list(procs)
         for name in names:  # warm-up
             burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}")
@@ -223,7 +219,7 @@ def main() -> None:
             "ours": "serve " + " ".join(ours_args),
             "chunked": "serve " + " ".join([*ours_args, *CHUNKED]) if args.chunked else None,
             "threads": None if args.threads is None else f"OMP_NUM_THREADS={args.threads} serve " + " ".join(ours_args),
-            "vllm": " ".join(vllm_cmd[3:]),
+            "vllm": " ".join([*vllm_cmd[3:], "--port", str(args.port + 1)]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",
         },
