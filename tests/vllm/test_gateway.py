@@ -84,7 +84,7 @@ def gateway(upstream: str, *args: str):
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,  # in this session, not one of its own: tests/vllm/server.py says why
         )
     url = f"http://127.0.0.1:{port}"
     try:
