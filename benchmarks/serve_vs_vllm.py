@@ -55,9 +55,8 @@ CLIENT = (
 
 def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen(
-            cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # a process group of its own, in this session (tests/vllm/server.py says why)
+        return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, process_group=0)
 
 
 def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) -> float:

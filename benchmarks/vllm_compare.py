@@ -87,10 +87,9 @@ def server(name: str, command: list[str], env: dict, ready_url: str, logs: Path)
     print(f"[{name}] starting (log: {log_path}): {' '.join(command)}", flush=True)
     with open(log_path, "wb") as log:
         # started in the logs' folder: `python -m` puts its working directory first on sys.path, and
-        # this checkout's slora_vtc would shadow the one --plugin-path names
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs, start_new_session=True
-        )
+        # this checkout's slora_vtc would shadow the one --plugin-path names; in this session, not one of
+        # its own, or the server starves the client on a small machine (tests/vllm/server.py says why)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs, process_group=0)
     try:
         started = time.monotonic()
         while not _answers(ready_url):

@@ -299,6 +299,22 @@ def test_vllm_queue_metrics_are_summed_over_engines_and_absent_elsewhere():
     assert queue_metrics("<html>not metrics</html>") is None
 
 
+def test_vllm_queue_metrics_ignore_the_rest_of_the_page():
+    """Only the two gauges count: not a family whose name starts with theirs, nor histograms around them."""
+    page = (
+        "# HELP vllm:e2e_request_latency_seconds Latency.\n# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 4.0\n'
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 9.0\n'
+        'vllm:e2e_request_latency_seconds_count{model_name="m"} 9.0\n'
+        'vllm:e2e_request_latency_seconds_sum{model_name="m"} 12.5\n'
+        "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 7.0\n'
+    )
+    assert queue_metrics(page + VLLM_METRICS) == (2.0, 8.0)
+    assert queue_metrics(VLLM_METRICS + page) == (2.0, 8.0)
+    assert queue_metrics(page) is None
+
+
 def test_aimd_grows_by_one_while_the_upstream_keeps_up_and_shrinks_when_it_queues():
     aimd = Aimd(floor=1, ceiling=10)
     assert aimd.next_limit(8, upstream_waiting=0, inflight=8) == 9  # budget used up, nothing queued: one more
