@@ -19,6 +19,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_vectors() -> str:
+    """The widest vector instructions the CPU offers (x86): vLLM's CPU kernels and torch's matrix
+    multiplications pick their code by it, so a ratio between them moves with it."""
+    try:
+        flags = next(
+            (
+                line.split(":", 1)[1].split()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("flags")
+            ),
+            [],
+        )
+    except OSError:
+        return "unknown"
+    return next((name for flag, name in VECTORS if flag in flags), "none known")
+
+
+VECTORS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
+
+
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
@@ -32,6 +52,7 @@ def machine_info(**versions: str) -> dict:
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu_model": cpu_model(),
+        "cpu_vectors": cpu_vectors(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "platform": platform.platform(),
