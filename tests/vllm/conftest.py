@@ -12,7 +12,8 @@ its base URL and `server.stats()` the plugin's stats file. The stock and fair se
 `load_model` (hidden 512, 8 layers): on the tiny one (hidden 256, 4 layers) vLLM makes tokens faster
 than a client in this process and vLLM's own API server can stream them on two cores, so that most
 requests were on their way out or back in rather than waiting in vLLM (load.py's note), and no
-scheduler could have been judged; `small_kv_vllm` serves `tiny_model`.
+scheduler could have been judged (seen with vLLM in a session of its own, which starved the client:
+server.py); `small_kv_vllm` serves `tiny_model`.
 """
 
 import importlib.util
