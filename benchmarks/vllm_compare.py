@@ -8,9 +8,10 @@ all on the same model folder, one server at a time (the gateway shares the stock
 
 The trace: the overload suite's two clients (90 and 180 requests/min, the paper's Figure 3, 256
 tokens in and out; --length changes that) over its first --arrivals seconds instead of 600, served
-with vLLM's batch limited to --max-num-seqs: at that limit the tiny model on two cores serves well
-under what the trace asks (about half on a quiet machine), so both clients always wait, as on the
-paper's A10G.
+with vLLM's batch limited to --max-num-seqs: both clients must wait, as on the paper's A10G, so the
+trace must ask more than the server can serve. On the AVX2 machine of the first measurement the tiny
+model on two cores served about half of it at 256 tokens; on a faster AVX-512 machine it kept up at
+256 and served less than half at --length 512 (docs/vllm.md). Check stock vLLM's time to first token.
 Each run is cut at --deadline (what is still waiting or running then is aborted and not counted);
 service rates are measured while requests arrive. vLLM gets `--max-num-seqs` and `--dtype float32`
 (our serve computes in float32 on a CPU), and a few warm-up requests before each measured run (its
