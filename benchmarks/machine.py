@@ -9,34 +9,31 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cpu_model() -> str:
+def cpuinfo(key: str) -> str | None:
+    """The value of the first line of /proc/cpuinfo named `key` (None where there is none, or no such file)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+VECTORS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
 
 
 def cpu_vectors() -> str:
     """The widest vector instructions the CPU offers (x86): vLLM's CPU kernels and torch's matrix
     multiplications pick their code by it, so a ratio between them moves with it."""
-    try:
-        flags = next(
-            (
-                line.split(":", 1)[1].split()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("flags")
-            ),
-            [],
-        )
-    except OSError:
+    flags = cpuinfo("flags")
+    if flags is None:
         return "unknown"
-    return next((name for flag, name in VECTORS if flag in flags), "none known")
-
-
-VECTORS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
+    return next((name for flag, name in VECTORS if flag in flags.split()), "none known")
 
 
 def git_revision() -> str:

@@ -56,9 +56,8 @@ def queue_metrics(text: str) -> tuple[float, float] | None:
     totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(_gauge_lines(text)):
-            for sample in family.samples:
-                if sample.name in (WAITING, RUNNING):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+            for sample in family.samples:  # only the two gauges' samples are left (_gauge_lines)
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     except ValueError:  # not the Prometheus text format
         return None
     if WAITING not in totals:

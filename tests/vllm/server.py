@@ -10,9 +10,9 @@ The server runs as `python -m vllm.entrypoints.openai.api_server` with the pytho
 The server gets a process group of its own (to be stopped as one) but stays in the caller's session:
 Linux shares the CPU between sessions first (autogroups, `/proc/sys/kernel/sched_autogroup_enabled`),
 and a session of its own let vLLM's busy engine and worker starve the mostly idle session of the
-client: on a 2-core machine the client process and a monitor beside it got almost no CPU for 1 to 6 s at a
-time, again and again, so that requests stopped reaching vLLM and tenants that keep 16 requests in
-flight had nothing waiting in vLLM for seconds. In one session the CPU is shared between processes,
+client: on a 2-core machine the client process and a monitor beside it got almost no CPU for 1 to 6 s
+at a time, again and again, so that requests stopped reaching vLLM and tenants that keep 16 requests
+in flight had nothing waiting in vLLM for seconds. In one session the CPU is shared between processes,
 and none of those stalls was seen (same load, 60 s: longest gap between samples 0.25 s).
 """
 
