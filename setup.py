@@ -10,7 +10,15 @@ setup(
     install_requires=["numpy", "pandas", "matplotlib", "tqdm"],
     extras_require={
         "real": ["torch", "triton", "transformers", "safetensors", "peft"],
-        "serve": ["fastapi", "uvicorn", "prometheus_client", "httpx2", "tomli; python_version < '3.11'"],
+        "serve": [
+            "fastapi",
+            "uvicorn",
+            "httptools",
+            "uvloop; sys_platform != 'win32'",
+            "prometheus_client",
+            "httpx2",
+            "tomli; python_version < '3.11'",
+        ],
     },
     entry_points={"console_scripts": ["slora-vtc=slora_vtc.cli:main"]},
 )

@@ -8,15 +8,24 @@ over a keep-alive connection. Direct and gateway requests alternate, and the add
 taken per pair (gateway minus the direct request just before it), so drift on a shared machine
 cancels; p50 and p99 over the pairs. A bare pass-through proxy (`--bare`: Starlette and httpx2,
 the gateway's own stack, forwarding the body and returning the answer, nothing else) is timed the
-same way: the floor of what any proxy on this stack adds. Writes
+same way: the floor of what any proxy on this stack adds.
+
+Beside the latencies, the CPU the gateway spends relaying a stream (what competes with a model on
+the same cores, issue 19): a second stub process sends each chunk `--gap` seconds after the one
+before (a model's decode step), `--streams` clients stream through the gateway at once, and the
+CPU seconds of the gateway process (and of the stub, what an OpenAI server itself spends to send
+a chunk) are divided by the chunks the clients received; the same gateway on asyncio's own event
+loop (instead of uvloop, which uvicorn picks where it is installed) is measured alike, in
+alternating rounds. Writes
 benchmarks/results/gateway_overhead.json.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--pairs 300] [--chunks 32]
+    .venv/bin/python benchmarks/gateway_overhead.py [--pairs 300] [--chunks 32] [--streams 8]
 
 Target (issue 12): under 1 ms added per request at p50.
 """
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -34,10 +43,14 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
 TARGET_MS = 1.0
 WARMUP = 30
 START_TIMEOUT_S = 60
+RELAY_REQUESTS = 6  # streamed requests per client for the relay's CPU, in each of
+RELAY_ROUNDS = 3
+RELAY_CHUNKS = 128
 
 
-def stub_app():
-    """An OpenAI-compatible server that answers at once: `max_tokens` chunks of one token each."""
+def stub_app(gap_s: float = 0.0):
+    """An OpenAI-compatible server that answers `max_tokens` chunks of one token each, at once or
+    each `gap_s` seconds after the one before."""
     from fastapi import FastAPI, Request
     from fastapi.responses import StreamingResponse
 
@@ -66,6 +79,8 @@ def stub_app():
 
         async def chunks():
             for i in range(n):
+                if gap_s:
+                    await asyncio.sleep(gap_s)
                 choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": "length" if i == n - 1 else None}
                 yield f"data: {json.dumps({**envelope, 'choices': [choice]})}\n\n"
             if (body.get("stream_options") or {}).get("include_usage"):
@@ -179,52 +194,114 @@ def measure(direct: str, gateway: str, bare: str, pairs: int, chunks: int) -> di
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stream_all(url: str, streams: int, requests_each: int, chunks: int) -> int:
+    """`streams` clients each streaming `requests_each` requests of `chunks` chunks; the chunks received."""
+    received = 0
+    body = {"prompt": "hello", "max_tokens": chunks, "stream": True}
+
+    async def client(http: httpx2.AsyncClient, name: str) -> None:
+        nonlocal received
+        for _ in range(requests_each):
+            async with http.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Client-Id": name}) as reply:
+                reply.raise_for_status()
+                async for line in reply.aiter_lines():
+                    received += line.startswith("data: {")
+
+    async with httpx2.AsyncClient(timeout=60) as http:
+        await asyncio.gather(*(client(http, f"tenant{i % 2}") for i in range(streams)))
+    return received
+
+
+def relay_cpu(gateway: str, gateway_pid: int, stub_pid: int, streams: int, chunks: int) -> tuple[float, float]:
+    """CPU microseconds per relayed chunk, of the gateway and of the stub upstream, over a load of
+    `streams` clients (after one round of warm-up)."""
+    asyncio.run(stream_all(gateway, streams, 1, chunks))
+    gateway_cpu, stub_cpu = cpu_seconds(gateway_pid), cpu_seconds(stub_pid)
+    received = asyncio.run(stream_all(gateway, streams, RELAY_REQUESTS, chunks))
+    gateway_cpu, stub_cpu = cpu_seconds(gateway_pid) - gateway_cpu, cpu_seconds(stub_pid) - stub_cpu
+    return gateway_cpu / received * 1e6, stub_cpu / received * 1e6
+
+
+def relay_cpus(gateways: dict[str, tuple[str, int]], stub_pid: int, args) -> dict:
+    """relay_cpu of each gateway (name: (url, pid)), in alternating rounds; the medians."""
+    samples: dict[str, list[float]] = {name: [] for name in gateways}
+    upstream = []
+    for _ in range(RELAY_ROUNDS):
+        for name, (url, pid) in gateways.items():
+            gateway_us, stub_us = relay_cpu(url, pid, stub_pid, args.streams, RELAY_CHUNKS)
+            samples[name].append(gateway_us)
+            upstream.append(stub_us)
+    return {
+        "streams": args.streams,
+        "chunks_per_request": RELAY_CHUNKS,
+        "gap_ms": args.gap * 1e3,
+        "rounds": RELAY_ROUNDS,
+        **{f"{name}_us_per_chunk": round(statistics.median(v), 1) for name, v in samples.items()},
+        "upstream_us_per_chunk": round(statistics.median(upstream), 1),
+    }
+
+
+def start_gateway(upstream: str, port: int, env: dict, loop: str = "") -> subprocess.Popen:
+    """`slora-vtc gateway --scheduler vtc` in front of `upstream`; given a `loop`, the same gateway
+    on that asyncio event loop instead of the one uvicorn picks (uvloop where it is installed)."""
+    if loop:
+        return subprocess.Popen([sys.executable, __file__, "--gateway-on", loop, str(port), upstream], env=env)
+    command = [sys.executable, "-m", "slora_vtc", "gateway", "--upstream", upstream, "--port", str(port)]
+    command += ["--scheduler", "vtc", "--max-inflight", "64", "--log-level", "warning"]
+    return subprocess.Popen(command, env=env)
+
+
+def run_gateway_on(loop: str, port: int, upstream: str) -> None:
+    from slora_vtc.gateway.config import GatewayConfig
+    from slora_vtc.gateway.run import build_context, server_for
+
+    config = GatewayConfig(upstreams=(upstream,), port=port, scheduler="vtc", max_inflight=64, log_level="warning")
+    server_for(build_context(config), loop=loop).run()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=300, help="direct/gateway pairs per measurement (default 300)")
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed request (default 32)")
+    parser.add_argument("--streams", type=int, default=8, help="streams at once for the relay's CPU (default 8)")
+    parser.add_argument("--gap", type=float, default=0.004, help="seconds between a stream's chunks (default 0.004)")
     parser.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)  # run the stub upstream
     parser.add_argument("--bare", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)  # run the bare proxy
+    parser.add_argument("--gateway-on", nargs=3, metavar=("LOOP", "PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gateway_on:
+        run_gateway_on(args.gateway_on[0], int(args.gateway_on[1]), args.gateway_on[2])
+        return 0
     if args.stub or args.bare:
         import uvicorn
 
-        app, port = (stub_app(), args.stub) if args.stub else (bare_app(args.bare[1]), int(args.bare[0]))
+        app, port = (stub_app(args.gap), args.stub) if args.stub else (bare_app(args.bare[1]), int(args.bare[0]))
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
         return 0
-    stub_port, gateway_port, bare_port = free_port(), free_port(), free_port()
-    direct, gateway, bare = (f"http://127.0.0.1:{port}" for port in (stub_port, gateway_port, bare_port))
+    ports = [free_port() for _ in range(6)]
+    direct, gateway, bare, paced, relay, relay_asyncio = (f"http://127.0.0.1:{port}" for port in ports)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--stub", str(stub_port)], env=env),
-        subprocess.Popen([sys.executable, __file__, "--bare", str(bare_port), direct], env=env),
+        subprocess.Popen([sys.executable, __file__, "--stub", str(ports[0]), "--gap", "0"], env=env),
+        subprocess.Popen([sys.executable, __file__, "--bare", str(ports[2]), direct], env=env),
+        subprocess.Popen([sys.executable, __file__, "--stub", str(ports[3]), "--gap", str(args.gap)], env=env),
     ]
     try:
-        wait_ready(direct)
-        wait_ready(bare)
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "slora_vtc",
-                    "gateway",
-                    "--upstream",
-                    direct,
-                    "--port",
-                    str(gateway_port),
-                    "--scheduler",
-                    "vtc",
-                    "--max-inflight",
-                    "64",
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-            )
-        )
-        wait_ready(gateway)
+        for url in (direct, bare, paced):
+            wait_ready(url)
+        procs += [start_gateway(direct, ports[1], env), start_gateway(paced, ports[4], env)]
+        procs.append(start_gateway(paced, ports[5], env, loop="asyncio"))
+        for url in (gateway, relay, relay_asyncio):
+            wait_ready(url)
         result = measure(direct, gateway, bare, args.pairs, args.chunks)
+        relays = {"gateway": (relay, procs[4].pid), "gateway_asyncio": (relay_asyncio, procs[5].pid)}
+        result["relay_cpu"] = relay_cpus(relays, procs[2].pid, args)
     finally:
         for proc in procs:
             proc.terminate()
@@ -241,7 +318,7 @@ def main() -> int:
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("request", "stream", "meets_target")}, indent=2))
+    print(json.dumps({k: report[k] for k in ("request", "stream", "relay_cpu", "meets_target")}, indent=2))
     return 0
 
 

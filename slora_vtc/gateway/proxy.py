@@ -32,6 +32,7 @@ from slora_vtc.serving.connection import disconnected
 from slora_vtc.serving.errors import ApiError
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody reads it
+UNAVAILABLE = 503
 
 
 async def forward(
@@ -118,7 +119,9 @@ async def _slot(ctx: GatewayContext, ticket: Ticket, http: HttpRequest) -> Upstr
 
 async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) -> Response:
     """The upstream answered an error: a 4xx goes to the client as it is (the request is the
-    client's problem, and nothing was served); a 5xx is the upstream's and becomes a 502."""
+    client's problem, and nothing was served); a 5xx is the upstream's and becomes a 502. A 503
+    says the upstream takes no requests now (it is stopping, or full): it is sent nothing until a
+    probe finds /health answering, or it would fail every request the queue sends it, at once."""
     try:
         content = await reply.aread()
     finally:
@@ -130,6 +133,8 @@ async def _refused(ctx: GatewayContext, ticket: Ticket, reply: httpx2.Response) 
             content, status_code=reply.status_code, media_type=reply.headers.get("content-type", "application/json")
         )
     upstream.errors += 1
+    if reply.status_code == UNAVAILABLE:
+        ctx.mark_down(upstream, certain=False)
     ctx.dispatcher.fail(ticket)
     raise ApiError(
         502,

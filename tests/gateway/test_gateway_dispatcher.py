@@ -24,6 +24,7 @@ from slora_vtc.gateway.run import build_context
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SCHEDULERS, build_scheduler
 from slora_vtc.serving.clients import ClientConfig, Clients, scheduler_for
+from slora_vtc.serving.errors import ApiError
 
 TOKEN_COUNT_SCHEDULERS = [
     "fcfs",
@@ -253,6 +254,34 @@ def test_a_request_whose_connection_was_never_made_moves_to_an_upstream_that_ans
         assert (first.inflight, other.inflight) == (0, 1)
         d.finish(ticket)
         assert d.pool.inflight == 0
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("status, out_of_service", [(503, True), (500, False)])
+def test_an_upstream_answering_503_is_sent_nothing_until_its_health_answers(status, out_of_service):
+    """A 503 (stopping, or full) takes its upstream out of service, so that the queue does not
+    pour into it; a probe brings it back once /health answers 200, not while it answers 503. Any
+    other 5xx fails its own request only. Either way the request is a 502, refunded."""
+    from slora_vtc.gateway.monitor import probe
+    from slora_vtc.gateway.proxy import _refused
+
+    async def scenario():
+        d = dispatcher("vtc", limits=(1, 1))
+        ctx = GatewayContext(GatewayConfig(upstreams=("http://u0", "http://u1")), Clients(), d.pool, d)
+        ticket = d.submit("a", 4, 4)
+        sick = ticket.upstream
+        with pytest.raises(ApiError) as answer:
+            await _refused(ctx, ticket, httpx2.Response(status, json={"error": {"message": "stopping"}}))
+        assert answer.value.status == 502 and "stopping" in answer.value.message
+        assert sick.up is not out_of_service and sick.errors == 1 and d.pool.inflight == 0
+        health = [503, 200]
+        transport = httpx2.MockTransport(lambda request: httpx2.Response(health.pop(0) if out_of_service else 200))
+        async with httpx2.AsyncClient(transport=transport) as ctx.http:
+            await probe(ctx, sick, Aimd())
+            assert sick.up is not out_of_service
+            await probe(ctx, sick, Aimd())
+            assert sick.up
 
     run(scenario)
 
