@@ -16,7 +16,7 @@ gets it. Both are started once (vLLM takes minutes to start), warmed up with one
 so that drift on a shared machine hits both alike. Per repeat the ratio ours / vLLM of output
 tokens/s; medians, min and max. Writes benchmarks/results/serve_vs_vllm.json.
 
-    .venv/bin/python benchmarks/serve_vs_vllm.py --model DIR [--vllm-python /work/venv-vllm/bin/python]
+    .venv/bin/python benchmarks/serve_vs_vllm.py --model DIR [--vllm-python .venv-vllm/bin/python]
 
 Targets: ours at least 0.9x vLLM's output tokens/s, then 1.0x.
 """
@@ -128,7 +128,11 @@ def spread(values: list[float]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder with a tokenizer")
-    p.add_argument("--vllm-python", default="/work/venv-vllm/bin/python", help="the python of vLLM's venv")
+    p.add_argument(
+        "--vllm-python",
+        default=str(Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"),
+        help="the python of vLLM's venv (default: the checkout's .venv-vllm, which make test-vllm builds)",
+    )
     p.add_argument("--our-cmd", default=f"{sys.executable} -m slora_vtc serve", help="how to start our server")
     p.add_argument(
         "--baseline", type=Path, help="also our serve from this checkout of an older revision (PYTHONPATH), as 'before'"
