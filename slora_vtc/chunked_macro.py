@@ -24,8 +24,9 @@ def decoded_to(req: "Request") -> int:
 
 
 def own_tokens(running: list["Request"]) -> list[int]:
-    """Each decoding request's computed positions in blocks of its own (its cached prefix's are shared)."""
-    return [decoded_to(r) - r.cached_len for r in running]
+    """Each decoding request's computed positions in blocks of its own (its cached prefix's are
+    shared): decoded_to(r) - r.cached_len, written out (the simulator's hottest loop)."""
+    return [r.prompt_len + r.generated - 1 - r.cached_len for r in running]
 
 
 class DecodeBlocks:
@@ -51,6 +52,7 @@ class DecodeBlocks:
 class Alike(NamedTuple):
     steps: int  # decode steps from now that single steps would run alike (0: none)
     to_finish: int  # decode steps until the first running request finishes
+    own: list[int] = []  # own_tokens of the running requests, now (never changed in place)
 
 
 NONE_ALIKE = Alike(0, 0)
@@ -64,14 +66,14 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
     if not n or chunked.prefilling or n > config.max_num_batched_tokens:
         return NONE_ALIKE
     to_finish = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
-    bs = config.block_size
-    blocks = DecodeBlocks([-own % bs for own in own_tokens(running)], bs)  # unwritten slots of each last block
+    bs, own = config.block_size, own_tokens(running)
+    blocks = DecodeBlocks([-o % bs for o in own], bs)  # unwritten slots of each last block
     room = memory.pool.num_free if memory.cache is not None else memory.available
     steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
     if steps and admits and eng.scheduler.num_waiting():
         steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n)
-    return Alike(steps, to_finish)
+    return Alike(steps, to_finish, own)
 
 
 def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int) -> int:
@@ -100,7 +102,7 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
     eng, round_up = chunked.engine, chunked.config.round_up
     running = eng.running
     steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
-    eng.memory.grow_all(running, steps, [round_up(own + steps) - round_up(own) for own in own_tokens(running)])
+    eng.memory.grow_all(running, steps, [round_up(own + steps) - round_up(own) for own in alike.own])
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
     if steps < alike.steps:  # stopped by the backend at `until`
