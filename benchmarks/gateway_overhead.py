@@ -39,11 +39,14 @@ from pathlib import Path
 
 import httpx2
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_seconds  # noqa: E402 (benchmarks/ is not a package)
+
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
 TARGET_MS = 1.0
 WARMUP = 30
 START_TIMEOUT_S = 60
-RELAY_REQUESTS = 6  # streamed requests per client for the relay's CPU, in each of
+RELAY_REQUESTS = 6  # streamed requests per client for the relay's CPU, in each round
 RELAY_ROUNDS = 3
 RELAY_CHUNKS = 128
 
@@ -192,12 +195,6 @@ def measure(direct: str, gateway: str, bare: str, pairs: int, chunks: int) -> di
             "added_per_later_chunk": percentiles_ms(chunk_added),
         },
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process so far (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def stream_all(url: str, streams: int, requests_each: int, chunks: int) -> int:

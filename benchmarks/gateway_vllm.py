@@ -42,7 +42,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import git_revision, machine_info  # noqa: E402
+from machine import cpu_seconds, git_revision, machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway_vllm.json"
 REPO = Path(__file__).resolve().parent.parent
@@ -226,11 +226,6 @@ def start_gateway(vllm: str, gateway_args: str, nice: int = 0) -> tuple[subproce
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("the gateway did not start")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def spread(values: list[float]) -> dict:

@@ -36,6 +36,9 @@ from pathlib import Path
 
 import httpx2
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_seconds  # noqa: E402 (benchmarks/ is not a package)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent
 TARGET = "no lost request in 5 of 5 runs"
@@ -212,15 +215,6 @@ def one_run(load: Load, extra: list[str]) -> dict:
         "server_cpu_s": round(server_cpu, 2),
     }  # which side the run was bound by
     return {**summary(run, load), **cpu, "kernel": {k: after[k] - before[k] for k in after}}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc), in seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def kernel_counters() -> dict[str, int]:

@@ -36,6 +36,15 @@ def cpu_vectors() -> str:
     return next((name for flag, name in VECTORS if flag in flags.split()), "none known")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux /proc); 0 for a process gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
