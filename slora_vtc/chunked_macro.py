@@ -99,10 +99,10 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
     """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
     Returns whether they ended where the next step is likely not alike: one that may admit or
     preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
-    eng, round_up = chunked.engine, chunked.config.round_up
+    eng = chunked.engine
     running = eng.running
     steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
-    eng.memory.grow_all(running, steps, [round_up(own + steps) - round_up(own) for own in alike.own])
+    eng.memory.grow_all(running, steps, chunked.config.slots_to_grow(alike.own, steps))
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
     if steps < alike.steps:  # stopped by the backend at `until`

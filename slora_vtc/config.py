@@ -65,6 +65,12 @@ class EngineConfig:
         """Chunked batching: the slots `tokens` tokens take in whole blocks of block_size."""
         return -(-tokens // self.block_size) * self.block_size
 
+    def slots_to_grow(self, held: list[int], tokens: int) -> list[int]:
+        """round_up(h + tokens) - round_up(h) for each h in `held`: the slots each request holding h
+        tokens of its own takes for `tokens` more (one pass, for a macro-step's whole batch)."""
+        bs = self.block_size
+        return [(-h // bs - (-h - tokens) // bs) * bs for h in held]
+
     @property
     def batch_max_tokens(self) -> int:
         """Prompt tokens one prefill mini-batch may hold: max(pool / 6, 3072) in S-LoRA."""

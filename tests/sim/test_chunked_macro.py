@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.chunked_macro import DecodeBlocks
+from slora_vtc.config import EngineConfig
 from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
 from slora_vtc.runner import run_experiment
@@ -103,6 +104,23 @@ def test_decode_blocks_count_as_steps_take_them(data, block, n):
     for allowed in range(0, 3 * n + 2):
         most = blocks.steps_taking_at_most(allowed)
         assert blocks_by_steps(spare, block, most) <= allowed < blocks_by_steps(spare, block, most + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(block=st.integers(1, 64), held=st.lists(st.integers(0, 2000), max_size=8), tokens=st.integers(0, 300))
+def test_slots_to_grow_are_the_blocks_each_request_adds_one_token_at_a_time(block, held, tokens):
+    """A request holding h tokens takes a new block whenever a token lands in a full last block:
+    count those token by token (blocks of its own at h, at h + tokens)."""
+    config = EngineConfig(block_size=block, batching="chunked", pool_tokens=max(block, 1024))
+    expected = []
+    for h in held:
+        slots, own = 0, h
+        for _ in range(tokens):
+            if own % block == 0:  # its last block is full (or it has none): the next token takes a new one
+                slots += block
+            own += 1
+        expected.append(slots)
+    assert config.slots_to_grow(held, tokens) == expected
 
 
 # The result files of whole suites (the first minute of the long ones), macro-steps on and off: every
