@@ -51,6 +51,7 @@ TENANTS = {"heavy": 12, "light": 4}  # requests each keeps in flight
 START_TIMEOUT_S = 60
 DRAIN_TIMEOUT_S = 60
 GENERATED = "vllm:generation_tokens_total"
+BURN_PERIOD_S = 0.004  # the stand-in wakes as often as a relay does at one token per 4 ms step
 
 
 @dataclass
@@ -238,18 +239,46 @@ def spread(values: list[float]) -> dict:
     }
 
 
+def burn(share: float) -> None:
+    """Keep `share` of a core busy in wake-ups every BURN_PERIOD_S (a relay's CPU, standing in), until killed."""
+    busy = share * BURN_PERIOD_S
+    while True:
+        start = time.perf_counter()
+        while time.perf_counter() - start < busy:
+            pass
+        time.sleep(BURN_PERIOD_S - busy)
+
+
+def stand_in_round(args, seed: int) -> dict:
+    """The second arm of --stand-in: vLLM directly, with a process beside it burning args.stand_in of a core."""
+    burner = subprocess.Popen([sys.executable, __file__, "--burn", str(args.stand_in)])
+    try:
+        through = asyncio.run(one_round(args.vllm, args, args.vllm, None, seed=seed))
+        through["gateway_cpu_s"] = cpu_seconds(burner.pid)
+    finally:
+        burner.kill()
+        burner.wait()
+    return through
+
+
 def run(args) -> dict:
-    proc, gateway = start_gateway(args.vllm, args.gateway_args, args.gateway_nice)
+    proc, gateway = (
+        start_gateway(args.vllm, args.gateway_args, args.gateway_nice) if args.stand_in is None else (None, None)
+    )
     rounds = []
     try:
         print("warm-up (one round each, not counted)", flush=True)
         asyncio.run(one_round(args.vllm, args, args.vllm, None, seed=0))
-        asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=0))
+        if gateway:
+            asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=0))
         for i in range(args.rounds):
             direct = asyncio.run(one_round(args.vllm, args, args.vllm, None, seed=i + 1))
-            cpu = cpu_seconds(proc.pid)
-            through = asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=i + 1))
-            through["gateway_cpu_s"] = cpu_seconds(proc.pid) - cpu
+            if gateway:
+                cpu = cpu_seconds(proc.pid)
+                through = asyncio.run(one_round(gateway, args, args.vllm, gateway, seed=i + 1))
+                through["gateway_cpu_s"] = cpu_seconds(proc.pid) - cpu
+            else:
+                through = stand_in_round(args, seed=i + 1)
             ratio = through["tokens_per_s"] / direct["tokens_per_s"]
             rounds.append({"direct": direct, "gateway": through, "ratio": ratio})
             print(
@@ -257,7 +286,8 @@ def run(args) -> dict:
                 f"(running {direct['vllm_mean_running']:.2f}, vllm {direct['vllm_tokens_per_s']:.0f}), "
                 f"gateway {through['tokens_per_s']:.0f} tok/s (running {through['vllm_mean_running']:.2f}, "
                 f"vllm {through['vllm_tokens_per_s']:.0f}, errors {through['errors']}, "
-                f"limit {through['gateway_mean_limit']:.2f}, cpu {through['gateway_cpu_s']:.1f} s): ratio {ratio:.3f}",
+                f"limit {through['gateway_mean_limit'] or 0:.2f}, cpu {through['gateway_cpu_s']:.1f} s): "
+                f"ratio {ratio:.3f}",
                 flush=True,
             )
             if direct["vllm_steps"] and through["vllm_steps"]:
@@ -269,9 +299,11 @@ def run(args) -> dict:
                     flush=True,
                 )
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    summary = summarize(rounds, args.gateway_args, args.code or git_revision(), args.gateway_nice)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    arm = args.gateway_args if args.stand_in is None else f"stand-in burning {args.stand_in} of a core"
+    summary = summarize(rounds, arm, args.code or git_revision(), args.gateway_nice)
     summary["window_s"] = args.window
     print(
         f"ratio {summary['ratio']['mean']:.3f} (min {summary['ratio']['min']:.3f}, max {summary['ratio']['max']:.3f})"
@@ -292,7 +324,11 @@ def summarize(rounds: list[dict], gateway_args: str, code: str, nice: int = 0) -
         "gateway_tokens_per_s": over("gateway", "tokens_per_s"),
         "direct_mean_running": over("direct", "vllm_mean_running"),
         "gateway_mean_running": over("gateway", "vllm_mean_running"),
-        "gateway_mean_limit": over("gateway", "gateway_mean_limit"),
+        **(
+            {"gateway_mean_limit": over("gateway", "gateway_mean_limit")}
+            if all(r["gateway"]["gateway_mean_limit"] is not None for r in rounds)
+            else {}
+        ),
         **{
             f"{arm}_{key}": spread([r[arm]["vllm_steps"][key] for r in rounds])
             for arm in ("direct", "gateway")
@@ -327,6 +363,14 @@ def main(argv=None) -> None:
         default=0,
         help="run the gateway at this nice value (a lower CPU priority than vLLM's on shared cores; default 0)",
     )
+    parser.add_argument(
+        "--stand-in",
+        type=float,
+        metavar="SHARE",
+        help="a control instead of the gateway: the second arm sends to vLLM directly while a process beside it "
+        "keeps SHARE of a core busy in wake-ups every 4 ms (what any process with the gateway's CPU costs vLLM)",
+    )
+    parser.add_argument("--burn", type=float, help=argparse.SUPPRESS)  # the stand-in's process
     parser.add_argument("--label", default="vtc", help="the section of the result file")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--window", type=float, default=20.0)
@@ -341,6 +385,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dry", action="store_true", help="print, record nothing")
     parser.add_argument("--resummarize", action="store_true", help="rebuild each recorded run's summary, run nothing")
     args = parser.parse_args(argv)
+    if args.burn is not None:
+        burn(args.burn)
+    if args.stand_in is not None and not 0 < args.stand_in < 1:
+        parser.error("--stand-in is a share of one core, between 0 and 1")
     if args.resummarize:
         out = json.loads(args.out.read_text())
         for label, run_ in out["runs"].items():
