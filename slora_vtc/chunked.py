@@ -228,8 +228,7 @@ class ChunkedBatching:
 
     def _slots(self, req: Request, done: int, n: int) -> int:
         """Slots the request's next n tokens take beyond what it holds (its own tokens, in blocks)."""
-        own = done - req.cached_len
-        return self.config.round_up(own + n) - self.config.round_up(own)
+        return self.config.slots_to_grow((done - req.cached_len,), n)[0]
 
     def _preempt(self, req: Request) -> None:
         done = self.prefilling.pop(req.rid, None)

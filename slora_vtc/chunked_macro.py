@@ -9,6 +9,7 @@ steps end at the first finish, and the backend stops them at the next arrival (`
 """
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from slora_vtc.memory.budget import CacheHits
@@ -24,9 +25,8 @@ def decoded_to(req: "Request") -> int:
 
 
 def own_tokens(running: list["Request"]) -> list[int]:
-    """Each decoding request's computed positions in blocks of its own (its cached prefix's are
-    shared): decoded_to(r) - r.cached_len, written out (the simulator's hottest loop)."""
-    return [r.prompt_len + r.generated - 1 - r.cached_len for r in running]
+    """Each decoding request's computed positions in blocks of its own (its cached prefix's are shared)."""
+    return [decoded_to(r) - r.cached_len for r in running]
 
 
 class DecodeBlocks:
@@ -52,7 +52,7 @@ class DecodeBlocks:
 class Alike(NamedTuple):
     steps: int  # decode steps from now that single steps would run alike (0: none)
     to_finish: int  # decode steps until the first running request finishes
-    own: list[int] = []  # own_tokens of the running requests, now (never changed in place)
+    own: Sequence[int] = ()  # own_tokens of the running requests when this was found (for decode_ahead)
 
 
 NONE_ALIKE = Alike(0, 0)

@@ -1,5 +1,6 @@
 """Frozen configuration of the engine, its memory pool and its admission check (EngineConfig)."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -65,7 +66,7 @@ class EngineConfig:
         """Chunked batching: the slots `tokens` tokens take in whole blocks of block_size."""
         return -(-tokens // self.block_size) * self.block_size
 
-    def slots_to_grow(self, held: list[int], tokens: int) -> list[int]:
+    def slots_to_grow(self, held: Sequence[int], tokens: int) -> list[int]:
         """round_up(h + tokens) - round_up(h) for each h in `held`: the slots each request holding h
         tokens of its own takes for `tokens` more (one pass, for a macro-step's whole batch)."""
         bs = self.block_size
