@@ -2,11 +2,14 @@
 
 The burst: 64 prompts of 128 random tokens, 128 new tokens each, all queued at once, FCFS, the torch backend on
 one thread, float32, on a model folder (the one serve_vs_vllm.py serves). Measured in CPU seconds of this thread
-(time.thread_time), not wall time: on a shared machine the wall clock mostly measures the neighbours. Two ways
-of decoding alternate, `--repeats` times each after an untimed run: `dense` (the default: the batch's K/V kept
-densely across steps, model/batch_kv.py) and `gather` (each step gathers the batch's context out of the pool, as
-before). One cProfile run of each gives the shares of the largest ops. Both must produce the same tokens.
-Writes benchmarks/results/engine_burst.json.
+(time.thread_time), not wall time: on a shared machine the wall clock mostly measures the neighbours. Three ways
+of running it alternate, `--repeats` times each after an untimed run: `dense` (the defaults: the projections on
+oneDNN-packed weights, model/linear.py, and the batch's K/V kept densely across decode steps, model/batch_kv.py),
+`gather` (each decode step gathers the batch's context out of the pool, as before batch_kv.py) and `unpacked`
+(the projections on the weights as loaded, through F.linear, as before linear.py). One cProfile run of each gives
+the shares of the largest ops. All three must produce the same tokens. Beside the burst, the projections' own
+speed: GFLOP/s of F.linear and of the packed path on the model's weight shapes, for a decode batch's rows and a
+prefill's. Writes benchmarks/results/engine_burst.json.
 
     .venv/bin/python benchmarks/engine_burst.py --model DIR
 """
@@ -28,6 +31,8 @@ from machine import machine_info  # noqa: E402
 from slora_vtc.backends.registry import BackendSettings, build_backend  # noqa: E402
 from slora_vtc.builder import build_engine  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
+from slora_vtc.model.linear import linear, pack  # noqa: E402
+from slora_vtc.model.weights import load_weights  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
 from slora_vtc.sched.registry import build_scheduler  # noqa: E402
 
@@ -35,6 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "engine_burst.json"
 OPS = {  # cProfile names of the ops whose shares are reported
     "kv_gather": "{method 'index_select' of 'torch._C.TensorBase' objects}",
     "linear": "{built-in method torch._C._nn.linear}",
+    "packed_linear": "{built-in method torch._ops.mkldnn._linear_pointwise}",
     "attention": "{built-in method torch._C._nn.scaled_dot_product_attention}",
     "rms_norm": "{built-in method torch.rms_norm}",
 }
@@ -78,6 +84,30 @@ def shares(profile: cProfile.Profile) -> dict:
     return out
 
 
+def projection_speeds(weights, decode_rows: int, prefill_rows: int, repeats: int = 20) -> dict:
+    """GFLOP/s of one layer's four projections together, through F.linear and packed, per row count."""
+    layer = weights.layers[0]
+    shapes = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+    flops_per_row = sum(2 * w.shape[0] * w.shape[1] for w in shapes)
+    out = {}
+    for name, rows in (("decode", decode_rows), ("prefill", min(prefill_rows, 2048))):
+        xs = [torch.randn(rows, w.shape[1]) for w in shapes]
+        ways = {"f_linear": shapes, "packed": [pack(w) for w in shapes]}
+        speeds = {}
+        for way, ws in ways.items():
+            with torch.inference_mode():
+                for x, w in zip(xs, ws):  # warm up oneDNN's primitive cache
+                    linear(x, w)
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    for x, w in zip(xs, ws):
+                        linear(x, w)
+                seconds = (time.perf_counter() - start) / repeats
+            speeds[way] = flops_per_row * rows / seconds / 1e9
+        out[name] = {"rows": rows, **speeds, "packed_over_f_linear": speeds["packed"] / speeds["f_linear"]}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face model folder")
@@ -91,22 +121,28 @@ def main() -> None:
     args = p.parse_args()
     backend = build_backend("torch", BackendSettings(pool_tokens=args.pool_tokens, model=args.model, dtype="float32"))
     backend.warmup()
-    dense_kv = backend.batch_kv
-    modes = {"dense": dense_kv, "gather": None}
+    model = backend.model
+    packed, as_loaded = model.weights, load_weights(args.model, backend.spec, "cpu", torch.float32)
+    modes = {  # mode -> (the dense K/V copy or None, the weights)
+        "dense": (backend.batch_kv, packed),
+        "gather": (None, packed),
+        "unpacked": (backend.batch_kv, as_loaded),
+    }
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     outputs = {}
     for i in range(args.repeats + 1):
         for mode in modes if i % 2 == 0 else list(modes)[::-1]:
-            backend.batch_kv = modes[mode]
+            backend.batch_kv, model.weights = modes[mode]
             seconds, tokens, outputs[mode] = burst(backend, args)
             if i:  # the first round is untimed
                 cpu[mode].append(seconds)
-    if outputs["dense"] != outputs["gather"]:
-        raise SystemExit("the dense and the gathering decode produced different tokens")
+    if len({str(o) for o in outputs.values()}) != 1:
+        raise SystemExit(f"the modes produced different tokens: {', '.join(modes)}")
     profiles = {}
-    for mode, kv in modes.items():
-        backend.batch_kv = kv
+    for mode, (kv, weights) in modes.items():
+        backend.batch_kv, model.weights = kv, weights
         prof = cProfile.Profile()
+        burst(backend, args)
         burst(backend, args, prof)
         profiles[mode] = shares(prof)
     median = {m: statistics.median(v) for m, v in cpu.items()}
@@ -117,11 +153,13 @@ def main() -> None:
         "cpu_s": {m: {"median": median[m], "all": v} for m, v in cpu.items()},
         "cpu_tokens_per_s": {m: tokens / s for m, s in median.items()},
         "speedup": median["gather"] / median["dense"],
+        "packing_speedup": median["unpacked"] / median["dense"],
+        "projection_gflops": projection_speeds(as_loaded, args.num_prompts, args.input_len * args.num_prompts),
         "op_shares": profiles,
         "same_tokens": True,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: record[k] for k in ("cpu_s", "speedup", "op_shares")}, indent=1))
+    print(json.dumps({k: record[k] for k in ("cpu_s", "speedup", "packing_speedup", "projection_gflops")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from slora_vtc.backends.base import Chunk, ModelBackend, StepResult
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import TARGETS, AdapterSpec, AdapterTable, slots_per_row
 from slora_vtc.model.batch_kv import BatchKV
+from slora_vtc.model.linear import can_pack, packed_weights
 from slora_vtc.model.llama import CachedPrefix, Decode, Llama, LoraBatch, Mixed, Prefill
 from slora_vtc.model.lora import dummy_adapter, peft_adapter, write_adapter
 from slora_vtc.model.ops import load_ops
@@ -555,5 +556,8 @@ def build_backend(
         # A small model's ops are too short to split across threads: that only adds barrier waits
         # (10x slower steps on a busy 2-vCPU machine). OMP_NUM_THREADS overrides this.
         torch.set_num_threads(1)
-    llama = Llama(spec, load_weights(model, spec, dev, dt, seed), KVPool(spec, pool_tokens, dev, dt), ops)
+    weights = load_weights(model, spec, dev, dt, seed)
+    if can_pack(dev, dt):  # oneDNN's matmul on prepacked weights (model/linear.py)
+        weights = packed_weights(weights)
+    llama = Llama(spec, weights, KVPool(spec, pool_tokens, dev, dt), ops)
     return LlamaBackend(llama, sampling, adapters, seed)

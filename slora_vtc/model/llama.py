@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from slora_vtc.model.batch_kv import DenseKV
+from slora_vtc.model.linear import linear
 from slora_vtc.model.pool import KVPool
 from slora_vtc.model.rope import inverse_frequencies
 from slora_vtc.model.spec import ModelSpec
@@ -132,11 +133,11 @@ class Llama:
             x = x[batch.last]
         elif isinstance(batch, Mixed):
             x = torch.cat([x[batch.chunks.last], x[batch.split :]])
-        return F.linear(self.ops.rms_norm(x, w.norm, eps), w.lm_head).float()
+        return linear(self.ops.rms_norm(x, w.norm, eps), w.lm_head).float()
 
     def attention(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Batch) -> torch.Tensor:
         s, ops = self.spec, self.ops
-        q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
+        q, k, v = linear(h, layer.wqkv, layer.bqkv).split([s.q_width, s.kv_width, s.kv_width], dim=-1)
         q, k, v = (self.lora(i, h, out, target, batch) for target, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)))
         q, k = ops.rotary_embedding(
             q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim), batch.positions, self.inv_freq
@@ -149,7 +150,7 @@ class Llama:
         else:
             o = self.attend(i, q, k, v, batch)
         o = o.reshape(-1, s.q_width)
-        return self.lora(i, o, F.linear(o, layer.wo), "o_proj", batch)
+        return self.lora(i, o, linear(o, layer.wo), "o_proj", batch)
 
     def attend(
         self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Prefill | Decode
@@ -193,7 +194,7 @@ class Llama:
         return out
 
     def mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, batch: Batch) -> torch.Tensor:
-        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
         gate, up = self.lora(i, h, gate, "gate_proj", batch), self.lora(i, h, up, "up_proj", batch)
         act = F.silu(gate).mul_(up)  # in place: one activation-sized tensor less (a prefill's are megabytes)
-        return self.lora(i, act, F.linear(act, layer.w_down), "down_proj", batch)
+        return self.lora(i, act, linear(act, layer.w_down), "down_proj", batch)
