@@ -149,6 +149,7 @@ def main() -> None:
     record = {
         "machine": machine_info(torch=torch.__version__),
         "burst": {"prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len},
+        "repeats": args.repeats,
         "tokens": tokens,
         "cpu_s": {m: {"median": median[m], "all": v} for m, v in cpu.items()},
         "cpu_tokens_per_s": {m: tokens / s for m, s in median.items()},

@@ -137,7 +137,7 @@ def main() -> None:
     p.add_argument(
         "--baseline", type=Path, help="also our serve from this checkout of an older revision (PYTHONPATH), as 'before'"
     )
-    p.add_argument("--port", type=int, default=8180, help="ours; vLLM, before, chunked, threads: the next four")
+    p.add_argument("--port", type=int, default=8180, help="ours; the others on the next five")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
@@ -158,6 +158,11 @@ def main() -> None:
         type=int,
         help="also our serve with this many torch threads (OMP_NUM_THREADS; ours picks one for a model this small)"
         " as 'threads': vLLM's model worker has one thread, its HTTP server and engine core run in other processes",
+    )
+    p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="also our serve with its engine in a process of its own (serve --engine-process), as 'process'",
     )
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -185,6 +190,8 @@ def main() -> None:
         servers["chunked"] = ([*ours, *CHUNKED], {}, args.port + 3)
     if args.threads is not None:
         servers["threads"] = (ours, {"OMP_NUM_THREADS": str(args.threads)}, args.port + 4)
+    if args.engine_process:
+        servers["process"] = ([*ours, "--engine-process"], {}, args.port + 5)
     ports = {name: port for name, (_, _, port) in servers.items()}
     procs: dict[str, subprocess.Popen] = {}
     started: dict[str, float] = {}
@@ -222,6 +229,7 @@ def main() -> None:
             "ours": "serve " + " ".join(ours_args),
             "chunked": "serve " + " ".join([*ours_args, *CHUNKED]) if args.chunked else None,
             "threads": None if args.threads is None else f"OMP_NUM_THREADS={args.threads} serve " + " ".join(ours_args),
+            "process": "serve --engine-process " + " ".join(ours_args) if args.engine_process else None,
             "vllm": " ".join([*vllm_cmd[3:], "--port", str(args.port + 1)]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",

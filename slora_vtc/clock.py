@@ -41,14 +41,15 @@ class WallClock(Clock):
     and every step looks s times longer, as if the hardware were s times slower.
     """
 
-    def __init__(self, scale: float = 1.0):
+    def __init__(self, scale: float = 1.0, origin: float | None = None):
         if scale <= 0:
             raise ValueError(f"time scale must be positive, got {scale}")
         self.scale = scale
-        self._start = time.perf_counter()
+        # perf_counter's reading at time 0: another process on this machine (serve's engine process) may share it
+        self.origin = time.perf_counter() if origin is None else origin
 
     def now(self) -> float:
-        return (time.perf_counter() - self._start) * self.scale
+        return (time.perf_counter() - self.origin) * self.scale
 
     def advance(self, seconds: float) -> None:
         pass

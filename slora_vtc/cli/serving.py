@@ -39,6 +39,7 @@ def cmd_serve(args) -> int:
             backlog=args.backlog,
             keep_alive_s=args.keep_alive_timeout,
             prefix_cache=args.prefix_cache,
+            engine_process=args.engine_process,
             **batching_settings(args),
         )
     )
@@ -139,6 +140,12 @@ def add_parsers(sub) -> None:
     )
     srv.add_argument(
         "--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)"
+    )
+    srv.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine in a process of its own, beside the HTTP server's (as vLLM does): the two stop sharing"
+        " one GIL",
     )
     srv.set_defaults(func=cmd_serve)
 

@@ -16,7 +16,6 @@ keep-alive connections as if they were requests.
 """
 
 import math
-from functools import partial
 
 from fastapi.responses import JSONResponse
 from starlette.requests import Request as HttpRequest
@@ -121,10 +120,6 @@ def _count_rejected(service: EngineService, client: str | None) -> None:
     if client is None:
         return
     try:
-        service.call(partial(_add_rejected, service, client))
+        service.count_rejected(client)
     except ServiceStopped:
         pass  # shutting down: the numbers are final
-
-
-def _add_rejected(service: EngineService, client: str) -> None:
-    service.stats[client].rejected += 1  # on the engine thread, which owns the stats

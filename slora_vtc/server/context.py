@@ -1,6 +1,7 @@
 """What a running server is made of (model, tokenizer, clients, engine service), built from ServerConfig."""
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from slora_vtc.config import EngineConfig
@@ -49,6 +50,7 @@ class ServerConfig:
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     max_num_seqs: int = EngineConfig.max_num_seqs
     block_size: int = EngineConfig.block_size
+    engine_process: bool = False  # the engine in a process of its own (engine_process.py), not a thread of this one
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -81,7 +83,7 @@ class ServerContext:
     clients: Clients
     adapters: AdapterTable
     engine_config: EngineConfig
-    service: EngineService
+    service: EngineService  # or engine_process.RemoteService, which offers the same
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -146,14 +148,23 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     check_served_names(config, adapters)
     engine_config = engine_config_for(config, spec, clients, adapters)
-    scheduler = scheduler_for(config.scheduler, clients)
-    service = EngineService(
-        _engine(config, engine_config, scheduler, adapters),
-        config.client_idle_s,
-        config.max_client_labels,
-        config.max_waiting,
-    )
+    scheduler_for(config.scheduler, clients)  # a bad scheduler is refused here, before a process starts
+    build_service = partial(engine_service, config, engine_config, clients, adapters)
+    if config.engine_process:
+        from slora_vtc.server.engine_process import start_engine_process
+
+        service = start_engine_process(build_service)
+    else:
+        service = build_service()
     return ServerContext(config, spec, tokenizer, clients, adapters, engine_config, service)
+
+
+def engine_service(
+    config: ServerConfig, engine_config: EngineConfig, clients: Clients, adapters: AdapterTable
+) -> EngineService:
+    """The engine and its thread (in the server's process, or in the engine process: picklable arguments)."""
+    engine = _engine(config, engine_config, scheduler_for(config.scheduler, clients), adapters)
+    return EngineService(engine, config.client_idle_s, config.max_client_labels, config.max_waiting)
 
 
 def _engine(config: ServerConfig, engine_config: EngineConfig, scheduler, adapters: AdapterTable):

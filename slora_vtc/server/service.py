@@ -61,7 +61,7 @@ def outcome(req: Request, cancelled: bool) -> str:
     return "aborted" if cancelled else "failed"
 
 
-def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+def deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
     for q, event in items:
         q.put_nowait(event)
 
@@ -121,6 +121,14 @@ class EngineService:
             done: Future = Future()
             done.set_result(self._snapshot())
             return done
+
+    def count_rejected(self, client: str) -> None:
+        """Count a request refused before it reached the engine (the stats belong to the engine thread)."""
+        self._send(partial(self._add_rejected, client))
+
+    def wait(self) -> None:
+        """Until the engine thread has ended (after a stop, or a failure)."""
+        self._thread.join()
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Run fn on the engine thread between two steps (to read engine state consistently)."""
@@ -209,6 +217,9 @@ class EngineService:
     def _finish(self, req: Request) -> None:
         if req in self._live:
             self.engine.finish(req)
+
+    def _add_rejected(self, client: str) -> None:
+        self.stats[client].rejected += 1
 
     def _call(self, fn: Callable[[], object], future: Future) -> None:
         if not future.set_running_or_notify_cancel():
@@ -323,7 +334,7 @@ class EngineService:
         self._outbox = []
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:
                 pass  # that loop has closed: nobody is listening any more
 

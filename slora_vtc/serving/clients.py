@@ -67,6 +67,9 @@ class Clients:
     named: Mapping[str, ClientConfig] = field(default_factory=lambda: MappingProxyType({}))
     default: ClientConfig = ClientConfig("")
 
+    def __reduce__(self):  # a read-only mapping does not pickle (serve's engine process gets the clients pickled)
+        return _clients, (dict(self.named), self.default)
+
     @property
     def keys_required(self) -> bool:
         return any(c.api_key for c in self.named.values())
@@ -159,3 +162,7 @@ def scheduler_for(spec: str, clients: Clients, options: SchedulerOptions = Sched
     if limits or clients.default.rpm is not None:
         return RateLimited(scheduler, limits, clients.default.rpm)
     return scheduler
+
+
+def _clients(named: dict[str, ClientConfig], default: ClientConfig) -> Clients:
+    return Clients(MappingProxyType(named), default)

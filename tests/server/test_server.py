@@ -1,5 +1,6 @@
 """The HTTP server with the official `openai` client and S-LoRA's /generate: formats, usage,
-streaming, bad input, client disconnects (tiny model on CPU, server on 127.0.0.1)."""
+streaming, bad input, client disconnects (tiny model on CPU, server on 127.0.0.1), with the engine
+in the server's process and in one of its own (`--engine-process`)."""
 
 import asyncio
 import json
@@ -14,9 +15,10 @@ from tests.helpers.server import running_server
 POOL = 2000
 
 
-@pytest.fixture(scope="module")
-def server():
-    with running_server(pool_tokens=POOL, scheduler="vtc", dummy_adapters=1) as srv:
+@pytest.fixture(scope="module", params=[False, True], ids=["engine-thread", "engine-process"])
+def server(request):
+    """Every test here runs against both: the engine in a thread of the server, and in a process of its own."""
+    with running_server(pool_tokens=POOL, scheduler="vtc", dummy_adapters=1, engine_process=request.param) as srv:
         yield srv
 
 

@@ -72,13 +72,14 @@ def test_bench_http_bad_input(tmp_path):
 
 # -- serve as a process ----------------------------------------------------------------------------
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["engine-thread", "engine-process"])
 @pytest.mark.slow
-def test_signal_drains_then_aborts_and_exits(sig, code):
+def test_signal_drains_then_aborts_and_exits(sig, code, engine):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # the stream needs over a second even alone on a fast CPU (tiny: ~3,000 tokens/s at batch 1),
     # far longer than the drain, so the drain must end in an abort
-    proc = start_server(port, "--pool-tokens", "5000", "--drain-timeout", "0.3")
+    proc = start_server(port, "--pool-tokens", "5000", "--drain-timeout", "0.3", *engine)
     try:
         wait_healthy(url, proc)
         lines, started = [], threading.Event()

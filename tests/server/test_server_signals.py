@@ -25,10 +25,12 @@ def running_total(url: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("slora_client_running{"))
 
 
-def test_second_sigint_aborts_everything_at_once_and_exits_cleanly():
+@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["engine-thread", "engine-process"])
+def test_second_sigint_aborts_everything_at_once_and_exits_cleanly(engine):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port, "--pool-tokens", str((STREAMS + WHOLE) * (LONG + 8)), "--drain-timeout", str(DRAIN_S))
+    pool = str((STREAMS + WHOLE) * (LONG + 8))
+    proc = start_server(port, "--pool-tokens", pool, "--drain-timeout", str(DRAIN_S), *engine)
     streams: list[list[str]] = [[] for _ in range(STREAMS)]
     answers: list[httpx2.Response | None] = [None] * WHOLE
 

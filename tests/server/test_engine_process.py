@@ -1,0 +1,56 @@
+"""`serve --engine-process`: what only a separate engine process can do (die on its own, fail at start), and the
+same tokens as the engine in the server's thread. The rest of the HTTP behaviour runs in tests/server/test_server.py
+against both."""
+
+import json
+import os
+import signal
+import threading
+
+import httpx2
+import pytest
+
+from slora_vtc.errors import UserError
+from slora_vtc.server.context import ServerConfig, build_context
+from slora_vtc.server.engine_process import ENGINE_GONE
+from tests.helpers.server import running_server
+
+BODY = {"model": "tiny", "prompt": [1, 7, 8, 9], "max_tokens": 9, "temperature": 0, "ignore_eos": True}
+
+
+def test_the_same_tokens_as_the_engine_in_a_thread():
+    texts = []
+    for engine_process in (False, True):
+        with running_server(pool_tokens=1000, engine_process=engine_process, seed=3) as srv:
+            texts.append(httpx2.post(f"{srv.url}/v1/completions", json=BODY, timeout=30).json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0]
+
+
+def test_an_engine_that_dies_ends_every_open_request_and_the_server_refuses_new_ones():
+    with running_server(pool_tokens=5000, engine_process=True) as srv:
+        lines, started = [], threading.Event()
+
+        def long_stream():
+            body = {**BODY, "max_tokens": 4000, "stream": True}
+            with httpx2.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    lines.append(line)
+
+        reader = threading.Thread(target=long_stream)
+        reader.start()
+        assert started.wait(30)
+        os.kill(srv.ctx.service.process.pid, signal.SIGKILL)
+        reader.join(30)
+        assert not reader.is_alive()
+        data = [line[5:].strip() for line in lines if line.startswith("data:")]
+        assert data[-1] == "[DONE]" and ENGINE_GONE in json.loads(data[-2])["error"]["message"]
+        health = httpx2.get(f"{srv.url}/health")
+        assert health.status_code == 503
+        refused = httpx2.post(f"{srv.url}/v1/completions", json=BODY, timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["message"]
+
+
+def test_a_failure_inside_the_engine_process_at_start_is_one_clear_error():
+    with pytest.raises(UserError, match="--device cuda: no CUDA GPU is available"):
+        build_context(ServerConfig(engine_process=True, device="cuda"))
