@@ -130,3 +130,19 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> Non
             pass
         time.sleep(0.1)
     raise AssertionError("the server did not come up")
+
+
+def start_long_stream(url: str, body: dict, timeout_s: float = 30) -> tuple[threading.Thread, list[str]]:
+    """Stream POST /v1/completions with `body` in a thread, its lines collected; returns once the first line came."""
+    lines, started = [], threading.Event()
+
+    def read() -> None:
+        with httpx2.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=timeout_s) as r:
+            for line in r.iter_lines():
+                started.set()
+                lines.append(line)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(timeout_s), "the stream did not start"
+    return reader, lines

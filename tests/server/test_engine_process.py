@@ -5,7 +5,6 @@ against both."""
 import json
 import os
 import signal
-import threading
 
 import httpx2
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from slora_vtc.errors import UserError
 from slora_vtc.server.context import ServerConfig, build_context
 from slora_vtc.server.engine_process import ENGINE_GONE
-from tests.helpers.server import running_server
+from tests.helpers.server import running_server, start_long_stream
 
 BODY = {"model": "tiny", "prompt": [1, 7, 8, 9], "max_tokens": 9, "temperature": 0, "ignore_eos": True}
 
@@ -28,18 +27,7 @@ def test_the_same_tokens_as_the_engine_in_a_thread():
 
 def test_an_engine_that_dies_ends_every_open_request_and_the_server_refuses_new_ones():
     with running_server(pool_tokens=5000, engine_process=True) as srv:
-        lines, started = [], threading.Event()
-
-        def long_stream():
-            body = {**BODY, "max_tokens": 4000, "stream": True}
-            with httpx2.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=30) as r:
-                for line in r.iter_lines():
-                    started.set()
-                    lines.append(line)
-
-        reader = threading.Thread(target=long_stream)
-        reader.start()
-        assert started.wait(30)
+        reader, lines = start_long_stream(srv.url, {**BODY, "max_tokens": 4000})
         os.kill(srv.ctx.service.process.pid, signal.SIGKILL)
         reader.join(30)
         assert not reader.is_alive()

@@ -2,16 +2,14 @@
 
 import json
 import signal
-import threading
 
-import httpx2
 import pytest
 
 from slora_vtc.cli import main
 from slora_vtc.results import read_results
 from slora_vtc.server.bench import BenchConfig, run_bench
 from tests.helpers.files import REPO
-from tests.helpers.server import free_port, running_server, start_server, wait_healthy
+from tests.helpers.server import free_port, running_server, start_long_stream, start_server, wait_healthy
 
 
 # -- bench-http ----------------------------------------------------------------------------------
@@ -82,18 +80,7 @@ def test_signal_drains_then_aborts_and_exits(sig, code, engine):
     proc = start_server(port, "--pool-tokens", "5000", "--drain-timeout", "0.3", *engine)
     try:
         wait_healthy(url, proc)
-        lines, started = [], threading.Event()
-
-        def long_stream():
-            body = {"prompt": [1, 2, 3], "max_tokens": 4000, "stream": True, "ignore_eos": True}
-            with httpx2.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
-                for line in r.iter_lines():
-                    started.set()
-                    lines.append(line)
-
-        reader = threading.Thread(target=long_stream)
-        reader.start()
-        assert started.wait(30)
+        reader, lines = start_long_stream(url, {"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True})
         proc.send_signal(sig)
         reader.join(30)
         _, err = proc.communicate(timeout=30)
