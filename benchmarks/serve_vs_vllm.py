@@ -160,9 +160,10 @@ def main() -> None:
         " as 'threads': vLLM's model worker has one thread, its HTTP server and engine core run in other processes",
     )
     p.add_argument(
-        "--engine-process",
+        "--engine-thread",
         action="store_true",
-        help="also our serve with its engine in a process of its own (serve --engine-process), as 'process'",
+        help="also our serve with its engine in a thread of the server's process (serve --no-engine-process),"
+        " as 'thread'",
     )
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -190,8 +191,8 @@ def main() -> None:
         servers["chunked"] = ([*ours, *CHUNKED], {}, args.port + 3)
     if args.threads is not None:
         servers["threads"] = (ours, {"OMP_NUM_THREADS": str(args.threads)}, args.port + 4)
-    if args.engine_process:
-        servers["process"] = ([*ours, "--engine-process"], {}, args.port + 5)
+    if args.engine_thread:
+        servers["thread"] = ([*ours, "--no-engine-process"], {}, args.port + 5)
     ports = {name: port for name, (_, _, port) in servers.items()}
     procs: dict[str, subprocess.Popen] = {}
     started: dict[str, float] = {}
@@ -229,7 +230,7 @@ def main() -> None:
             "ours": "serve " + " ".join(ours_args),
             "chunked": "serve " + " ".join([*ours_args, *CHUNKED]) if args.chunked else None,
             "threads": None if args.threads is None else f"OMP_NUM_THREADS={args.threads} serve " + " ".join(ours_args),
-            "process": "serve --engine-process " + " ".join(ours_args) if args.engine_process else None,
+            "thread": "serve --no-engine-process " + " ".join(ours_args) if args.engine_thread else None,
             "vllm": " ".join([*vllm_cmd[3:], "--port", str(args.port + 1)]),
             "vllm_env": vllm_env,
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",

@@ -1,5 +1,6 @@
 """`serve` (the real engine over HTTP) and `bench-http` (replay a trace against a server)."""
 
+import argparse
 from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
@@ -143,9 +144,10 @@ def add_parsers(sub) -> None:
     )
     srv.add_argument(
         "--engine-process",
-        action="store_true",
-        help="run the engine in a process of its own, beside the HTTP server's (as vLLM does): the two stop sharing"
-        " one GIL",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in a process of its own beside the HTTP server's, as vLLM does, so that the two stop"
+        " taking turns on one GIL (the default); --no-engine-process: in a thread of the server's process",
     )
     srv.set_defaults(func=cmd_serve)
 

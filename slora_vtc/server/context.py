@@ -50,7 +50,9 @@ class ServerConfig:
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     max_num_seqs: int = EngineConfig.max_num_seqs
     block_size: int = EngineConfig.block_size
-    engine_process: bool = False  # the engine in a process of its own (engine_process.py), not a thread of this one
+    # the engine in a process of its own (engine_process.py), not a thread of this one: `serve`'s default; off here,
+    # where tests and tools build many servers in one process
+    engine_process: bool = False
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:

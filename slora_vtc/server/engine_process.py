@@ -1,4 +1,4 @@
-"""`serve --engine-process`: the engine in a process of its own, the HTTP side in the server's.
+"""`serve`'s engine in a process of its own (the default; `--no-engine-process`: a thread of the server's).
 
 In one process the event loop (HTTP, SSE, detokenizing) and the engine thread share one GIL: every torch
 op of a step lets the loop in, and the step then waits for the GIL to come back, so the loop's work
@@ -16,9 +16,12 @@ and stops at once, aborting everything, when the server's end of the pipe closes
 every request still open ends with an abort (`ENGINE_GONE`) and the server answers 503 from then on.
 """
 
+import atexit
 import logging
 import multiprocessing
+import os
 import signal
+import socket
 import threading
 from concurrent.futures import Future
 from itertools import count
@@ -72,6 +75,8 @@ class RemoteService:
         self._closed = False
         self._stopping = False
         self._reader = threading.Thread(target=self._read, name="slora-engine-pipe", daemon=True)
+        # runs before multiprocessing's own exit handler (registered earlier), whose terminate() the child ignores
+        atexit.register(self._end_child)
 
     def start(self) -> None:
         self._reader.start()
@@ -119,8 +124,21 @@ class RemoteService:
     def shutdown(self, drain_s: float = 0.0) -> None:
         if self.process.is_alive():
             self.stop(drain_s)
-            self._reader.join()
+            if self._reader.ident is not None:  # started: it ends when the child reports it has closed
+                self._reader.join()
         self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def _end_child(self) -> None:
+        """At the server's exit, whatever came before: the child sees its pipe close and stops, else is killed."""
+        if self.process.is_alive():
+            try:  # shut the socket down, not just our descriptor: the reader thread may be blocked reading it
+                with socket.socket(fileno=os.dup(self._conn.fileno())) as end:
+                    end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.kill()
 

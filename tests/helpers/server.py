@@ -21,6 +21,7 @@ from slora_vtc.server.context import ServerConfig, ServerContext, build_context 
 from slora_vtc.server.run import server_for  # noqa: E402
 
 START_TIMEOUT_S = 30
+ENGINE_FLAGS = {"engine-thread": ("--no-engine-process",), "engine-process": ("--engine-process",)}  # serve's two modes
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
-"""`serve --engine-process`: what only a separate engine process can do (die on its own, fail at start), and the
-same tokens as the engine in the server's thread. The rest of the HTTP behaviour runs in tests/server/test_server.py
-against both."""
+"""The engine in a process of its own (`serve`'s default): what only a separate engine process can do (die on its
+own, fail at start), and the same tokens as the engine in the server's thread. The rest of the HTTP behaviour runs
+in tests/server/test_server.py against both."""
 
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -42,3 +46,41 @@ def test_an_engine_that_dies_ends_every_open_request_and_the_server_refuses_new_
 def test_a_failure_inside_the_engine_process_at_start_is_one_clear_error():
     with pytest.raises(UserError, match="--device cuda: no CUDA GPU is available"):
         build_context(ServerConfig(engine_process=True, device="cuda"))
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_server_that_exits_without_a_shutdown_leaves_no_engine_process(tmp_path, started):
+    """The child ignores SIGTERM (the server relays its stops), so multiprocessing's own exit handler could not end
+    it: the server's exit closes the pipe, which stops it."""
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys\n"
+        "from slora_vtc.server.context import ServerConfig, build_context\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = build_context(ServerConfig(engine_process=True))\n"
+        "    print(ctx.service.process.pid, flush=True)\n"
+        "    if sys.argv[1] == 'started':\n"
+        "        ctx.service.start()\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path.cwd())}
+    done = subprocess.run(
+        [sys.executable, str(script), "started" if started else "built"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(child):  # an orphan once the server has exited: init reaps it as it ends
+        assert time.monotonic() < deadline, "the engine process outlived the server"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

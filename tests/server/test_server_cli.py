@@ -9,7 +9,7 @@ from slora_vtc.cli import main
 from slora_vtc.results import read_results
 from slora_vtc.server.bench import BenchConfig, run_bench
 from tests.helpers.files import REPO
-from tests.helpers.server import free_port, running_server, start_long_stream, start_server, wait_healthy
+from tests.helpers.server import ENGINE_FLAGS, free_port, running_server, start_long_stream, start_server, wait_healthy
 
 
 # -- bench-http ----------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def test_bench_http_bad_input(tmp_path):
 
 # -- serve as a process ----------------------------------------------------------------------------
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
-@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["engine-thread", "engine-process"])
+@pytest.mark.parametrize("engine", ENGINE_FLAGS.values(), ids=ENGINE_FLAGS.keys())
 @pytest.mark.slow
 def test_signal_drains_then_aborts_and_exits(sig, code, engine):
     port = free_port()

@@ -10,7 +10,7 @@ import time
 import httpx2
 import pytest
 
-from tests.helpers.server import free_port, start_server, wait_healthy
+from tests.helpers.server import ENGINE_FLAGS, free_port, start_server, wait_healthy
 
 pytestmark = pytest.mark.slow  # `slora-vtc serve` as a process
 
@@ -25,7 +25,7 @@ def running_total(url: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("slora_client_running{"))
 
 
-@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["engine-thread", "engine-process"])
+@pytest.mark.parametrize("engine", ENGINE_FLAGS.values(), ids=ENGINE_FLAGS.keys())
 def test_second_sigint_aborts_everything_at_once_and_exits_cleanly(engine):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
