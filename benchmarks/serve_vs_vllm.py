@@ -16,6 +16,12 @@ gets it. Both are started once (vLLM takes minutes to start), warmed up with one
 so that drift on a shared machine hits both alike. Per repeat the ratio ours / vLLM of output
 tokens/s; medians, min and max. Writes benchmarks/results/serve_vs_vllm.json.
 
+The prompts: `vllm bench serve`'s random dataset makes each prompt a run of consecutive token ids from
+a random offset, so with a vocabulary of a few hundred ids some prompts of a burst are the same, and a
+burst repeated with the same seed finds most of its prompts in vLLM's prefix cache, which is on by
+default. So each repeat draws prompts of its own (seed + 1 + repeat; every server gets the same ones),
+and ours runs with `--prefix-cache` too.
+
     .venv/bin/python benchmarks/serve_vs_vllm.py --model DIR [--vllm-python .venv-vllm/bin/python]
 
 Targets: ours at least 0.9x vLLM's output tokens/s, then 1.0x.
@@ -96,9 +102,9 @@ def cpu_seconds(proc: subprocess.Popen) -> float:
     return total
 
 
-def burst(args, proc: subprocess.Popen, port: int, model_name: str, out_dir: Path, tag: str) -> dict:
-    """One `vllm bench serve` burst against the server on `port`: its result file's numbers, and the CPU seconds
-    the server spent on it."""
+def burst(args, proc: subprocess.Popen, port: int, model_name: str, out_dir: Path, tag: str, seed: int) -> dict:
+    """One `vllm bench serve` burst of the prompts `seed` draws against the server on `port`: its result file's
+    numbers, and the CPU seconds the server spent on it."""
     name = f"{tag}.json"
     cmd = [
         args.vllm_python, "-c", CLIENT,
@@ -106,7 +112,7 @@ def burst(args, proc: subprocess.Popen, port: int, model_name: str, out_dir: Pat
         "--model", model_name, "--tokenizer", str(args.model),
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-        "--request-rate", "inf", "--ignore-eos", "--seed", str(args.seed), "--disable-tqdm",
+        "--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
@@ -173,7 +179,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model_name = args.model.resolve().name
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm_"))
-    ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs"]
+    # --prefix-cache: vLLM's prefix caching is on by default, and the burst's random prompts repeat (see above)
+    ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs", "--prefix-cache"]
     ours_args += ["--model", str(args.model)]
     ours = [*args.our_cmd.split(), *ours_args]
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model)]
@@ -203,11 +210,12 @@ def main() -> None:
             started[name] = wait_ready(procs[name], port, log, args.start_timeout)
         names = list(procs)
         for name in names:  # warm-up
-            burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}")
+            burst(args, procs[name], ports[name], model_name, work, f"warmup-{name}", args.seed)
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for i in range(args.repeats):
             for name in names if i % 2 == 0 else names[::-1]:
-                runs[name].append(burst(args, procs[name], ports[name], model_name, work, f"{name}-{i}"))
+                seed = args.seed + 1 + i  # prompts no server has seen, the same for every server in this repeat
+                runs[name].append(burst(args, procs[name], ports[name], model_name, work, f"{name}-{i}", seed))
                 print(f"repeat {i} {name}: {runs[name][-1]['output_throughput']:.0f} tok/s", flush=True)
     finally:
         for proc in procs.values():
