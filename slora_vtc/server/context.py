@@ -150,11 +150,11 @@ def build_context(config: ServerConfig) -> ServerContext:
     adapters = adapter_table(list(config.lora), config.dummy_adapters, config.adapter_rank)
     check_served_names(config, adapters)
     engine_config = engine_config_for(config, spec, clients, adapters)
-    scheduler_for(config.scheduler, clients)  # a bad scheduler is refused here, before a process starts
     build_service = partial(engine_service, config, engine_config, clients, adapters)
     if config.engine_process:
         from slora_vtc.server.engine_process import start_engine_process
 
+        scheduler_for(config.scheduler, clients)  # a bad scheduler is refused here, before a process starts
         service = start_engine_process(build_service)
     else:
         service = build_service()

@@ -30,7 +30,7 @@ from slora_vtc.clock import WallClock
 from slora_vtc.errors import UserError
 from slora_vtc.request import Request, State
 from slora_vtc.server.events import Ended, Subscriber, Tokens
-from slora_vtc.server.service import SHUTTING_DOWN, EngineService, ServiceStopped, deliver
+from slora_vtc.server.service import SHUTTING_DOWN, EngineService, ServiceStopped, deliver, dispatch
 
 log = logging.getLogger(__name__)
 
@@ -170,16 +170,15 @@ class RemoteService:
             self._close()
 
     def _deliver(self, pairs: list) -> None:
-        by_loop: dict = {}
+        events = []
         for key, event in pairs:
             sub, req, sent = self._open[key]
             if isinstance(event, Tokens):
                 sent[0] += len(event.ids)
             elif isinstance(event, Ended):
                 del self._open[key], self._key_of[req]
-            by_loop.setdefault(sub.loop, []).append((sub.queue, event))
-        for loop, items in by_loop.items():
-            _call_soon(loop, items)
+            events.append((sub, event))
+        dispatch(events)
 
     def _close(self) -> None:
         """Nothing more comes from the child: end what is still open (it died) and every pending snapshot."""
@@ -187,21 +186,17 @@ class RemoteService:
             self._closed = True
             self._conn.close()  # the child, if alive, sees its pipe end and exits
         reason = self.error or ENGINE_GONE
-        for sub, req, sent in list(self._open.values()):
-            ended = Ended(State.ABORTED, reason, req.prompt_len, sent[0], False)
-            _call_soon(sub.loop, [(sub.queue, ended)])
+        dispatch(
+            [
+                (sub, Ended(State.ABORTED, reason, req.prompt_len, sent[0], False))
+                for sub, req, sent in self._open.values()
+            ]
+        )
         self._open.clear()
         self._key_of.clear()
         for future in self._pending.values():
             future.set_exception(ServiceStopped(reason))
         self._pending.clear()
-
-
-def _call_soon(loop, items: list) -> None:
-    try:
-        loop.call_soon_threadsafe(deliver, items)
-    except RuntimeError:
-        pass  # that loop has closed: nobody is listening any more
 
 
 # -- the engine process -------------------------------------------------------------------------

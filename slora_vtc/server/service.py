@@ -66,6 +66,18 @@ def deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
         q.put_nowait(event)
 
 
+def dispatch(events: list[tuple[Subscriber, Event]]) -> None:
+    """Hand events to their subscribers' loops from another thread: one call_soon_threadsafe per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+    for sub, event in events:
+        by_loop[sub.loop].append((sub.queue, event))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(deliver, items)
+        except RuntimeError:
+            pass  # that loop has closed: nobody is listening any more
+
+
 class EngineService:
     def __init__(
         self, engine: Engine, client_idle_s: float = 600.0, max_client_labels: int = 100, max_waiting: int | None = None
@@ -328,15 +340,8 @@ class EngineService:
         self._outbox.append((sub, event))
 
     def _flush(self) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
-        for sub, event in self._outbox:
-            by_loop[sub.loop].append((sub.queue, event))
-        self._outbox = []
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(deliver, items)
-            except RuntimeError:
-                pass  # that loop has closed: nobody is listening any more
+        outbox, self._outbox = self._outbox, []
+        dispatch(outbox)
 
     def _close(self) -> None:
         """Refuse further commands, answer those already queued, send the last events."""
