@@ -2,12 +2,13 @@
 
 The burst: 64 prompts of 128 random tokens, 128 new tokens each, all queued at once, FCFS, the torch backend on
 one thread, float32, on a model folder (the one serve_vs_vllm.py serves). Measured in CPU seconds of this thread
-(time.thread_time), not wall time: on a shared machine the wall clock mostly measures the neighbours. Three ways
+(time.thread_time), not wall time: on a shared machine the wall clock mostly measures the neighbours. Four ways
 of running it alternate, `--repeats` times each after an untimed run: `dense` (the defaults: the projections on
-oneDNN-packed weights, model/linear.py, and the batch's K/V kept densely across decode steps, model/batch_kv.py),
+oneDNN-packed weights, model/linear.py, and the batch's K/V kept densely across decode steps and attended by two
+matmuls, model/batch_kv.py), `sdpa` (the dense copy attended by SDPA's fused kernel, as before the matmuls),
 `gather` (each decode step gathers the batch's context out of the pool, as before batch_kv.py) and `unpacked`
 (the projections on the weights as loaded, through F.linear, as before linear.py). One cProfile run of each gives
-the shares of the largest ops. All three must produce the same tokens. Beside the burst, the projections' own
+the shares of the largest ops. All four must produce the same tokens. Beside the burst, the projections' own
 speed: GFLOP/s of F.linear and of the packed path on the model's weight shapes, for a decode batch's rows and a
 prefill's. Writes benchmarks/results/engine_burst.json.
 
@@ -31,6 +32,7 @@ from machine import machine_info  # noqa: E402
 from slora_vtc.backends.registry import BackendSettings, build_backend  # noqa: E402
 from slora_vtc.builder import build_engine  # noqa: E402
 from slora_vtc.config import EngineConfig  # noqa: E402
+from slora_vtc.model.batch_kv import BatchKV  # noqa: E402
 from slora_vtc.model.linear import linear, pack  # noqa: E402
 from slora_vtc.model.weights import load_weights  # noqa: E402
 from slora_vtc.request import Request  # noqa: E402
@@ -42,6 +44,7 @@ OPS = {  # cProfile names of the ops whose shares are reported
     "linear": "{built-in method torch._C._nn.linear}",
     "packed_linear": "{built-in method torch._ops.mkldnn._linear_pointwise}",
     "attention": "{built-in method torch._C._nn.scaled_dot_product_attention}",
+    "attention_matmuls": "{built-in method torch.matmul}",
     "rms_norm": "{built-in method torch.rms_norm}",
 }
 
@@ -125,6 +128,7 @@ def main() -> None:
     packed, as_loaded = model.weights, load_weights(args.model, backend.spec, "cpu", torch.float32)
     modes = {  # mode -> (the dense K/V copy or None, the weights)
         "dense": (backend.batch_kv, packed),
+        "sdpa": (BatchKV(model.pool.k, matmuls=False), packed),
         "gather": (None, packed),
         "unpacked": (backend.batch_kv, as_loaded),
     }
@@ -154,13 +158,15 @@ def main() -> None:
         "cpu_s": {m: {"median": median[m], "all": v} for m, v in cpu.items()},
         "cpu_tokens_per_s": {m: tokens / s for m, s in median.items()},
         "speedup": median["gather"] / median["dense"],
+        "matmuls_speedup": median["sdpa"] / median["dense"],
         "packing_speedup": median["unpacked"] / median["dense"],
         "projection_gflops": projection_speeds(as_loaded, args.num_prompts, args.input_len * args.num_prompts),
         "op_shares": profiles,
         "same_tokens": True,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: record[k] for k in ("cpu_s", "speedup", "packing_speedup", "projection_gflops")}, indent=1))
+    shown = ("cpu_s", "speedup", "matmuls_speedup", "packing_speedup", "projection_gflops")
+    print(json.dumps({k: record[k] for k in shown}, indent=1))
 
 
 if __name__ == "__main__":

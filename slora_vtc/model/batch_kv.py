@@ -8,6 +8,12 @@ each one token longer per step), BatchKV keeps that gathered copy, per layer [B,
 head_dim]; a step writes only the new token into it, and attention reads it in place. The pool stays
 the truth: a batch that changed (a request joined or left) is gathered afresh from it, as before.
 The copy is bounded (at most the pool's size and `max_bytes`); beyond, the gathering path is used.
+
+K is kept transposed, [B, kv_heads, head_dim, capacity], so that each head's scores q K^T are a row
+times a matrix with contiguous rows, and float32 attention is two batched matmuls with a softmax
+between them (`matmuls`): for a single query row per request, SDPA's fused CPU kernel took about as
+long again as the memory it reads allows, the matmuls far less (benchmarks/README.md, "Our serve
+against vLLM"). Other dtypes, or `matmuls=False`, take SDPA over the same copy.
 """
 
 from dataclasses import dataclass
@@ -20,12 +26,14 @@ DENSE_MAX_BYTES = 512 << 20  # the most memory the dense copy may take (K and V,
 
 @dataclass(frozen=True)
 class DenseKV:
-    """This step's view of the dense copy: K and V [layers, B, kv_heads, capacity, D]; `refill`: gather the whole
-    context from the pool (the batch changed), else write only the new token."""
+    """This step's view of the dense copy: K [layers, B, kv_heads, D, capacity] (transposed) and V [layers, B,
+    kv_heads, capacity, D]; `refill`: gather the whole context from the pool (the batch changed), else write only
+    the new token."""
 
     k: torch.Tensor
     v: torch.Tensor
     refill: bool
+    matmuls: bool = True  # float32: q K^T, softmax, times V; else SDPA
 
     def attend(
         self,
@@ -46,27 +54,28 @@ class DenseKV:
         k, v = self.k[layer], self.v[layer]
         if self.refill:
             shape = (batch, width, *k_cache.shape[1:])
-            k[:, :, :width] = k_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
+            k[..., :width] = k_cache.index_select(0, slot_table.flatten()).view(shape).permute(0, 2, 3, 1)
             v[:, :, :width] = v_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
         else:
             rows = torch.arange(batch, device=q.device)
-            k[rows, :, positions] = new_k.to(k.dtype)
+            k[rows, :, :, positions] = new_k.to(k.dtype)
             v[rows, :, positions] = new_v.to(v.dtype)
         # query heads sharing a KV head become that head's rows of queries ([B, Hk, group, D]), as in torch_ops
-        out = F.scaled_dot_product_attention(
-            q.unflatten(1, (k.shape[1], -1)),
-            k[:, :, :width],
-            v[:, :, :width],
-            attn_mask=_padding_mask(seq_lens, width),
-            scale=scale,
-        )
-        return out.flatten(1, 2)
+        q = q.unflatten(1, (k.shape[1], -1))
+        keys_t, values, mask = k[..., :width], v[:, :, :width], _padding_mask(seq_lens, width)
+        if not (self.matmuls and q.dtype == torch.float32):
+            out = F.scaled_dot_product_attention(q, keys_t.transpose(-1, -2), values, attn_mask=mask, scale=scale)
+            return out.flatten(1, 2)
+        scores = torch.matmul(q, keys_t).mul_(scale)  # [B, Hk, group, width]
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        return torch.matmul(scores.softmax(-1), values).flatten(1, 2)
 
 
 class BatchKV:
     """The dense copy of the running batch's K/V, and which batch it holds."""
 
-    def __init__(self, k_pool: torch.Tensor, max_bytes: int = DENSE_MAX_BYTES):
+    def __init__(self, k_pool: torch.Tensor, max_bytes: int = DENSE_MAX_BYTES, matmuls: bool = True):
         layers, slots, kv_heads, head_dim = k_pool.shape
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.dtype, self.device = k_pool.dtype, k_pool.device
@@ -74,6 +83,7 @@ class BatchKV:
         self.max_tokens = min(slots, max_bytes // token_bytes)  # batch x capacity
         self._k = self._v = None
         self._rids: list[int] | None = None
+        self.matmuls = matmuls
 
     def view(self, rids: list[int], capacity: int) -> DenseKV | None:
         """The copy for one decode step of these requests (in this order), each holding at most `capacity` tokens
@@ -81,28 +91,28 @@ class BatchKV:
         if len(rids) * capacity > self.max_tokens:
             self.invalidate()
             return None
-        refill = rids != self._rids or capacity > self._k.shape[3]
+        refill = rids != self._rids or capacity > self._v.shape[3]
         if refill:
             self._ensure(len(rids), capacity)
             self._rids = rids
         b = len(rids)
-        return DenseKV(self._k[:, :b], self._v[:, :b], refill)
+        return DenseKV(self._k[:, :b], self._v[:, :b], refill, self.matmuls)
 
     def invalidate(self) -> None:
         """The next step gathers afresh (the batch's K/V may have changed outside decode steps)."""
         self._rids = None
 
     def _ensure(self, batch: int, capacity: int) -> None:
-        if self._k is not None and self._k.shape[1] >= batch and self._k.shape[3] >= capacity:
+        if self._k is not None and self._k.shape[1] >= batch and self._v.shape[3] >= capacity:
             return
         rows = max(batch, 0 if self._k is None else self._k.shape[1])
-        cols = max(capacity, 0 if self._k is None else self._k.shape[3])
+        cols = max(capacity, 0 if self._k is None else self._v.shape[3])
         if rows * cols > self.max_tokens:  # keep within the bound: exactly what this batch needs
             rows, cols = batch, capacity
         self._k = self._v = None  # free the old copy before the new one
         shape = (self.layers, rows, self.kv_heads, cols, self.head_dim)
         # zeros, not empty: attention weighs padding columns by 0, and 0 x NaN garbage would still be NaN
-        self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._k = torch.zeros(shape[:3] + shape[:2:-1], dtype=self.dtype, device=self.device)  # K transposed
         self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
 

@@ -1,5 +1,6 @@
 """The decode batch's dense K/V copy (model/batch_kv.py): the same attention as reading the pool, step after step."""
 
+import pytest
 import torch
 
 from slora_vtc.model.batch_kv import BatchKV
@@ -16,31 +17,40 @@ def _pool(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def test_dense_attention_matches_the_reference_over_steps_with_ragged_lengths():
+@pytest.mark.parametrize(
+    "matmuls, dtype, tolerance",
+    [(True, torch.float32, 1e-5), (False, torch.float32, 1e-5), (True, torch.bfloat16, 2e-2)],
+    ids=["matmuls", "sdpa", "bfloat16-sdpa"],
+)
+def test_dense_attention_matches_the_reference_over_steps_with_ragged_lengths(matmuls, dtype, tolerance):
     """Three requests of 5, 2 and 7 tokens decode 4 steps: each step the new token's K/V go into the pool (as the
     model's kv_scatter does), the first step fills the dense copy, the others only write the new token; every
-    step's attention equals the reference's read through the slot table."""
+    step's attention equals the reference's read through the slot table (in float32 over the same values),
+    whether the copy is attended by two matmuls or by SDPA (bfloat16 always takes SDPA)."""
     gen = torch.Generator().manual_seed(0)
-    k_pool, v_pool = _pool(gen)
+    k_pool, v_pool = (p.to(dtype) for p in _pool(gen))
     lens = [5, 2, 7]
     slots = torch.randperm(SLOTS, generator=gen)[: 3 * 12].view(3, 12)  # each request's slots, scattered in the pool
-    batch_kv = BatchKV(k_pool)
+    batch_kv = BatchKV(k_pool, matmuls=matmuls)
     for step in range(4):
         seq_lens = torch.tensor(lens) + 1  # the new token included
         positions = seq_lens - 1
         width = int(seq_lens.max())
         table = slots[:, :width]
-        new_k = torch.randn(3, KV_HEADS, DIM, generator=gen)
-        new_v = torch.randn(3, KV_HEADS, DIM, generator=gen)
-        q = torch.randn(3, HEADS, DIM, generator=gen)
+        new_k = torch.randn(3, KV_HEADS, DIM, generator=gen).to(dtype)
+        new_v = torch.randn(3, KV_HEADS, DIM, generator=gen).to(dtype)
+        q = torch.randn(3, HEADS, DIM, generator=gen).to(dtype)
         dense = batch_kv.view([10, 11, 12], capacity=12)
         assert dense.refill == (step == 0)
         for layer in range(LAYERS):
             new_slots = slots[torch.arange(3), positions]
             k_pool[layer, new_slots], v_pool[layer, new_slots] = new_k, new_v
             got = dense.attend(layer, q, new_k, new_v, k_pool[layer], v_pool[layer], table, positions, seq_lens, 0.3)
-            want = reference.decode_attention(q, k_pool[layer], v_pool[layer], table, seq_lens, 0.3)
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            want = reference.decode_attention(
+                q.float(), k_pool[layer].float(), v_pool[layer].float(), table, seq_lens, 0.3
+            )
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
         lens = [n + 1 for n in lens]
 
 
