@@ -44,7 +44,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "serve_vs_vllm.json"
+ROOT = Path(__file__).resolve().parent.parent  # this checkout: the package every row but `before` runs
+RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
 TARGET, GOAL = 0.9, 1.0
 KEPT = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 KEPT += ("duration", "completed", "total_output_tokens", "server_cpu_s")
@@ -60,9 +61,20 @@ CLIENT = (
 
 
 def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """Start a server in the work folder: `python -m` puts its working directory first on sys.path, so started
+    from a checkout it would import that checkout's package whatever PYTHONPATH says (`--baseline`)."""
     with log.open("w") as out:
         # a process group of its own, in this session (tests/vllm/server.py says why)
-        return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, process_group=0)
+        return subprocess.Popen(
+            cmd, env={**os.environ, **env}, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT, process_group=0
+        )
+
+
+def package_source(python: str, env: dict, cwd: Path) -> str:
+    """The folder a server started so imports slora_vtc from (the record says which code each row ran)."""
+    code = "import pathlib, slora_vtc; print(pathlib.Path(slora_vtc.__file__).parent.parent)"
+    done = subprocess.run([python, "-c", code], env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True)
+    return done.stdout.strip() or f"unknown ({done.stderr.strip().splitlines()[-1:]})"
 
 
 def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) -> float:
@@ -174,6 +186,8 @@ def main() -> None:
     p.add_argument("--skip-vllm", action="store_true", help="ours only (a profile run); records nothing")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
+    args.model = args.model.resolve()  # the servers start in a work folder of their own
+    args.baseline = args.baseline.resolve() if args.baseline is not None else None
     # stopped by a signal (even started in the background, where SIGINT is ignored): stop the servers on the way out
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -189,18 +203,20 @@ def main() -> None:
     vllm_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     vllm_env |= {"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     # name -> (command without its port, environment, port), in the order the bursts alternate over
-    servers = {"ours": (ours, {}, args.port)}
+    this = {"PYTHONPATH": str(ROOT)}
+    servers = {"ours": (ours, this, args.port)}
     if not args.skip_vllm:
         servers["vllm"] = (vllm_cmd, vllm_env, args.port + 1)
     if args.baseline is not None:
         servers["before"] = (ours, {"PYTHONPATH": str(args.baseline)}, args.port + 2)
     if args.chunked:
-        servers["chunked"] = ([*ours, *CHUNKED], {}, args.port + 3)
+        servers["chunked"] = ([*ours, *CHUNKED], this, args.port + 3)
     if args.threads is not None:
-        servers["threads"] = (ours, {"OMP_NUM_THREADS": str(args.threads)}, args.port + 4)
+        servers["threads"] = (ours, {**this, "OMP_NUM_THREADS": str(args.threads)}, args.port + 4)
     if args.engine_thread:
-        servers["thread"] = ([*ours, "--no-engine-process"], {}, args.port + 5)
+        servers["thread"] = ([*ours, "--no-engine-process"], this, args.port + 5)
     ports = {name: port for name, (_, _, port) in servers.items()}
+    sources = {name: package_source(cmd[0], env, work) for name, (cmd, env, _) in servers.items() if name != "vllm"}
     procs: dict[str, subprocess.Popen] = {}
     started: dict[str, float] = {}
     try:
@@ -244,9 +260,11 @@ def main() -> None:
             "client": "vllm bench serve --backend openai --dataset-name random --request-rate inf --ignore-eos",
         },
         "start_s": started,
+        "sources": sources,
         "repeats": args.repeats,
         **summary,
         "baseline": None if args.baseline is None else str(args.baseline),
+        "baseline_git": None if args.baseline is None else _git_revision(args.baseline),
         "ratio_output_throughput": ratios,
         "target": TARGET,
         "goal": GOAL,
@@ -262,6 +280,11 @@ def _version(module: str) -> str:
         return __import__(module).__version__
     except ImportError:
         return "absent"
+
+
+def _git_revision(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def _vllm_version(python: str) -> str:
