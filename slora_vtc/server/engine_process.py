@@ -24,6 +24,7 @@ import signal
 import socket
 import threading
 from concurrent.futures import Future
+from contextlib import contextmanager
 from itertools import count
 
 from slora_vtc.clock import WallClock
@@ -44,7 +45,8 @@ def start_engine_process(build_service, timeout_s: float = START_TIMEOUT_S) -> "
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
     process = spawn.Process(target=_child_main, args=(theirs, build_service), name="slora-engine", daemon=True)
-    process.start()
+    with _sigint_ignored():
+        process.start()
     theirs.close()
     if not ours.poll(timeout_s):
         process.kill()
@@ -58,6 +60,21 @@ def start_engine_process(build_service, timeout_s: float = START_TIMEOUT_S) -> "
         process.join()
         raise UserError(value)
     return RemoteService(process, ours, WallClock(origin=value))
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while the child is spawned (from the main thread; signals are the main thread's), so that
+    it starts ignoring it: a Ctrl-C reaches the terminal's whole process group, and the child's first imports,
+    before _child_main, would otherwise end in a KeyboardInterrupt traceback. Python keeps an ignored SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class RemoteService:
@@ -80,6 +97,10 @@ class RemoteService:
 
     def start(self) -> None:
         self._reader.start()
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self.process.pid
 
     @property
     def healthy(self) -> bool:

@@ -69,4 +69,4 @@ async def metrics(request: Request, ctx: ContextDep) -> Response:
     snap = await asyncio.wrap_future(ctx.service.snapshot())
     http = dict(request.app.state.http_counts)
     build = BuildInfo(__version__, ctx.config.scheduler, ctx.model_name)
-    return PrometheusText(await asyncio.to_thread(render, snap, build, http))
+    return PrometheusText(await asyncio.to_thread(render, snap, build, http, ctx.service.engine_pid))

@@ -3,7 +3,8 @@
 The service takes the snapshot on the engine thread (EngineService.snapshot, O(labelled
 clients)); this module renders it, off the event loop, through a registry of its own (no
 process-wide default registry) that also holds prometheus_client's process and platform
-collectors. Client labels are bounded: the labelled clients by name, the rest as client="other"
+collectors, and a second process collector for the engine's process where it runs in one of its
+own. Client labels are bounded: the labelled clients by name, the rest as client="other"
 (serving/ledger.py says how the labelled set changes and why counters stay monotone). Requests
 are counted by outcome (`slora_requests_total{client, outcome}`, the words of serving/ledger.py,
 the same as the gateway's), finished ones also by OpenAI's finish reason.
@@ -19,6 +20,7 @@ from slora_vtc.serving.ledger import OUTCOMES
 from slora_vtc.serving.window import WINDOW_S
 
 PREFIX = "slora"
+ENGINE_NAMESPACE = f"{PREFIX}_engine"  # the engine process's process_* series: slora_engine_process_*
 
 COUNTS = [
     ("requests_admitted", "requests accepted by the scheduler", lambda c: c.admitted),
@@ -140,10 +142,13 @@ def _gauge(name: str, doc: str, values: dict[str, float]) -> GaugeMetricFamily:
     return family
 
 
-def render(snap: Snapshot, build: BuildInfo, http: dict[tuple[str, str], int]) -> bytes:
-    """The exposition text (CPU work: call it off the event loop)."""
+def render(snap: Snapshot, build: BuildInfo, http: dict[tuple[str, str], int], engine_pid: int | None = None) -> bytes:
+    """The exposition text (CPU work: call it off the event loop). `engine_pid`: the engine's own process, whose
+    CPU, memory and open files are exported as `slora_engine_process_*` beside the server's `process_*`."""
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
+    if engine_pid is not None:
+        ProcessCollector(namespace=ENGINE_NAMESPACE, pid=lambda: engine_pid, registry=registry)
     PlatformCollector(registry=registry)
     registry.register(_SnapshotCollector(snap, build, http))
     return generate_latest(registry)

@@ -104,6 +104,11 @@ class EngineService:
         self._thread.start()
 
     @property
+    def engine_pid(self) -> int | None:
+        """The engine's own process where it is not the server's (None: the engine runs in this process)."""
+        return None
+
+    @property
     def healthy(self) -> bool:
         return self._thread.is_alive() and self._stop_at is None
 

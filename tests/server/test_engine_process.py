@@ -15,7 +15,8 @@ import pytest
 
 from slora_vtc.errors import UserError
 from slora_vtc.server.context import ServerConfig, build_context
-from slora_vtc.server.engine_process import ENGINE_GONE
+from slora_vtc.server.engine_process import ENGINE_GONE, start_engine_process
+from tests.helpers import sigint_probe
 from tests.helpers.server import running_server, start_long_stream
 
 BODY = {"model": "tiny", "prompt": [1, 7, 8, 9], "max_tokens": 9, "temperature": 0, "ignore_eos": True}
@@ -41,6 +42,19 @@ def test_an_engine_that_dies_ends_every_open_request_and_the_server_refuses_new_
         assert health.status_code == 503
         refused = httpx2.post(f"{srv.url}/v1/completions", json=BODY, timeout=30)
         assert refused.status_code == 503 and refused.json()["error"]["message"]
+
+
+def test_the_engine_process_ignores_sigint_from_its_first_import():
+    """A Ctrl-C reaches the engine process too (the terminal's process group); the server relays stops itself.
+    The child must ignore SIGINT before its first imports (unpickling its target), not only once _child_main
+    runs, or a Ctrl-C at start prints a KeyboardInterrupt traceback from the child."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a server started from a terminal
+    try:
+        with pytest.raises(UserError, match="SIGINT ignored at import: True"):
+            start_engine_process(sigint_probe.build_service)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the server's own handler is back
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_failure_inside_the_engine_process_at_start_is_one_clear_error():
@@ -84,3 +98,19 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_metrics_export_the_engine_process_beside_the_server_process():
+    """The engine's CPU time is spent in its own process: /metrics exports that process's series under
+    slora_engine_process_* (the server's own stay process_*); the engine in a thread has no such series."""
+    for engine_process in (False, True):
+        with running_server(pool_tokens=1000, engine_process=engine_process) as srv:
+            assert httpx2.post(f"{srv.url}/v1/completions", json=BODY, timeout=30).status_code == 200
+            page = httpx2.get(f"{srv.url}/metrics", timeout=30).text
+        lines = {line.split(" ")[0]: line.split(" ")[1] for line in page.splitlines() if not line.startswith("#")}
+        assert float(lines["process_cpu_seconds_total"]) > 0
+        if engine_process:  # the engine loaded a model and ran a request: it used CPU and memory of its own
+            assert float(lines["slora_engine_process_cpu_seconds_total"]) > 0
+            assert float(lines["slora_engine_process_resident_memory_bytes"]) > 0
+        else:
+            assert not any(name.startswith("slora_engine_process_") for name in lines)
