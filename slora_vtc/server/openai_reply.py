@@ -59,7 +59,7 @@ class CompletionChoices:
         return self._choice(index, self._echo(index), None) if self.echoes else None
 
     def delta(self, index: int, delta: Delta) -> dict | None:
-        if not delta.text and (self.k is None or not delta.ids):
+        if not delta.text and not delta.ids:
             return None
         return self._choice(index, delta.text, self._lp(index, delta.ids, delta.logprobs))
 
@@ -91,11 +91,11 @@ class ChatChoices:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
     def delta(self, index: int, delta: Delta) -> dict | None:
-        if not delta.text and not (self.with_logprobs and delta.ids):
+        if not delta.text and not delta.ids:
             return None
         return {
             "index": index,
-            "delta": {"content": delta.text} if delta.text else {},
+            "delta": {"content": delta.text},
             "logprobs": self._lp(delta.ids, delta.logprobs),
             "finish_reason": None,
         }
@@ -141,7 +141,9 @@ class Reply:
 
     async def stream(self, gens: list[Generation]) -> AsyncIterator[str]:
         """Chunks as tokens come, each choice's finish reason as it ends, usage if asked for, [DONE].
-        Opening chunks (chat: the assistant role; completions: the echoed prompt) go out at once."""
+        Opening chunks (chat: the assistant role; completions: the echoed prompt) go out at once. Every
+        token the engine hands over gets its chunk, its text empty while the detokenizer or a stop
+        string holds it back (as vLLM streams: a client counts tokens and times them by chunk)."""
         choices = self.choices
         kind = f"{choices.kind}.chunk" if choices.kind == "chat.completion" else choices.kind
         usage = {"usage": None} if self.include_usage else {}

@@ -157,6 +157,25 @@ def test_a_stop_string_that_never_completes_releases_what_it_held(server, client
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_a_stream_has_one_chunk_per_token_even_where_its_text_is_held_back(server, client):
+    """As vLLM streams: each generated token gets its chunk (a client counts and times tokens by chunk), its
+    text empty while the byte tokenizer holds back an unfinished UTF-8 character; what it still holds when the
+    request ends comes in one more chunk. The output must hold such characters for the check to mean anything."""
+    ids = stream_ids(server, PROMPT, 30)
+    full = byte_text(ids)
+    assert any(i >= 0xC0 for i in ids[:-1])  # a UTF-8 lead byte before the last token: held back a step at least
+    kw = dict(stream=True, extra_body={"ignore_eos": True}, **GREEDY)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, **kw))
+    tokens = [c for c in chunks if c.choices[0].finish_reason is None]
+    assert 30 <= len(tokens) <= 31 and "".join(c.choices[0].text for c in chunks) == full
+    assert any(c.choices[0].text == "" for c in tokens)  # a held-back token still had its chunk
+    messages = [{"role": "user", "content": "hi"}]
+    chat = list(client.chat.completions.create(model="tiny", messages=messages, **kw))
+    content = [c for c in chat[1:] if c.choices[0].finish_reason is None]  # after the opening (the role)
+    assert chat[0].choices[0].delta.role == "assistant" and 30 <= len(content) <= 31
+    assert all(c.choices[0].delta.content is not None for c in content)
+
+
 def test_chat_stop_string(server, client):
     messages = [{"role": "user", "content": "hi"}]
     whole = client.chat.completions.create(model="tiny", messages=messages, extra_body={"ignore_eos": True}, **GREEDY)
