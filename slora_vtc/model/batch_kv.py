@@ -4,16 +4,16 @@ The pool keeps each token's K/V in a slot anywhere in it, so the torch decode at
 batch's whole context out of the pool at every step and layer before attending: on a CPU that copy
 took about two thirds of the attention's time (batch 64, context 192; benchmarks/README.md, "Our
 serve against vLLM"). While the running batch stays the same (the same requests in the same order,
-each one token longer per step), BatchKV keeps that gathered copy, per layer [B, kv_heads, capacity,
-head_dim]; a step writes only the new token into it, and attention reads it in place. The pool stays
-the truth: a batch that changed (a request joined or left) is gathered afresh from it, as before.
-The copy is bounded (at most the pool's size and `max_bytes`); beyond, the gathering path is used.
+each one token longer per step), BatchKV keeps that gathered copy, per layer V [B, kv_heads, capacity,
+head_dim] and K transposed (below); a step writes only the new token into it, and attention reads it
+in place. The pool stays the truth: a batch that changed (a request joined or left) is gathered afresh
+from it, as before. The copy is bounded (at most the pool's size and `max_bytes`); beyond, the gathering path is used.
 
 K is kept transposed, [B, kv_heads, head_dim, capacity], so that each head's scores q K^T are a row
 times a matrix with contiguous rows, and float32 attention is two batched matmuls with a softmax
-between them (`matmuls`): for a single query row per request, SDPA's fused CPU kernel took about as
-long again as the memory it reads allows, the matmuls far less (benchmarks/README.md, "Our serve
-against vLLM"). Other dtypes, or `matmuls=False`, take SDPA over the same copy.
+between them (`matmuls`): for a single query row per request, SDPA's fused CPU kernel took more than
+twice as long as reading the K/V takes, the matmuls about two thirds as long as SDPA (benchmarks/README.md,
+"Our serve against vLLM"). Other dtypes, or `matmuls=False`, take SDPA over the same copy.
 """
 
 from dataclasses import dataclass
