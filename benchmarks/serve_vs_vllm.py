@@ -191,7 +191,7 @@ def main() -> None:
     # stopped by a signal (even started in the background, where SIGINT is ignored): stop the servers on the way out
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    model_name = args.model.resolve().name
+    model_name = args.model.name
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm_"))
     # --prefix-cache: vLLM's prefix caching is on by default, and the burst's random prompts repeat (see above)
     ours_args = ["--pool-tokens", str(args.pool_tokens), "--dtype", args.dtype, "--scheduler", "fcfs", "--prefix-cache"]

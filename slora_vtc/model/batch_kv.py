@@ -17,6 +17,7 @@ twice as long as reading the K/V takes, the matmuls about two thirds as long as 
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +92,7 @@ class BatchKV:
         if len(rids) * capacity > self.max_tokens:
             self.invalidate()
             return None
-        refill = rids != self._rids or capacity > self._v.shape[3]
+        refill = rids != self._rids or capacity > self._capacity()
         if refill:
             self._ensure(len(rids), capacity)
             self._rids = rids
@@ -102,18 +103,21 @@ class BatchKV:
         """The next step gathers afresh (the batch's K/V may have changed outside decode steps)."""
         self._rids = None
 
+    def _capacity(self) -> int:
+        return self._v.shape[3]  # V [layers, B, kv_heads, capacity, D]
+
     def _ensure(self, batch: int, capacity: int) -> None:
-        if self._k is not None and self._k.shape[1] >= batch and self._v.shape[3] >= capacity:
+        if self._v is not None and self._v.shape[1] >= batch and self._capacity() >= capacity:
             return
-        rows = max(batch, 0 if self._k is None else self._k.shape[1])
-        cols = max(capacity, 0 if self._k is None else self._v.shape[3])
+        rows = max(batch, 0 if self._v is None else self._v.shape[1])
+        cols = max(capacity, 0 if self._v is None else self._capacity())
         if rows * cols > self.max_tokens:  # keep within the bound: exactly what this batch needs
             rows, cols = batch, capacity
         self._k = self._v = None  # free the old copy before the new one
-        shape = (self.layers, rows, self.kv_heads, cols, self.head_dim)
         # zeros, not empty: attention weighs padding columns by 0, and 0 x NaN garbage would still be NaN
-        self._k = torch.zeros(shape[:3] + shape[:2:-1], dtype=self.dtype, device=self.device)  # K transposed
-        self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        new = partial(torch.zeros, dtype=self.dtype, device=self.device)
+        self._k = new((self.layers, rows, self.kv_heads, self.head_dim, cols))  # K transposed
+        self._v = new((self.layers, rows, self.kv_heads, cols, self.head_dim))
 
 
 def _padding_mask(seq_lens: torch.Tensor, width: int) -> torch.Tensor | None:
