@@ -90,11 +90,22 @@ class ChunkedBatching:
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None) -> bool:
-        if until is not None and self._macro and self.engine.step_log is None and not self._event_next:
-            if (alike := alike_steps(self)).steps:
+        """Given `until` on a simulated backend, the steps up to it, single and macro alike, in one
+        call: nothing from outside the engine changes anything before `until` (Engine.step)."""
+        if until is None or not self._macro or self.engine.step_log is not None:
+            return self._single_step()
+        clock, stepped = self.engine.clock, False
+        while not stepped or clock.now() < until:  # at least one, as a single call would
+            if not self._event_next and (alike := alike_steps(self)).steps:
                 self._event_next = decode_ahead(self, alike, until)
-                return True
-        self._event_next = False
+            else:
+                self._event_next = False
+                if not self._single_step():
+                    break
+            stepped = True
+        return stepped
+
+    def _single_step(self) -> bool:
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
             return plan.preempted > 0
@@ -133,7 +144,7 @@ class ChunkedBatching:
             req = running[i]
             done = prefilling.get(req.rid)
             if done is None:  # a decode: one token, a new block when its last one is full
-                n, slots = 1, 0 if (decoded_to(req) - req.cached_len) % block else block
+                n, slots = 1, 0 if (req.prompt_len + req.generated - 1 - req.cached_len) % block else block
                 if not slots:
                     if ids:
                         memory.grow(req, 1, 0)
@@ -180,7 +191,7 @@ class ChunkedBatching:
         (it may preempt; when it is itself the victim, the pass ends before it)."""
         eng, memory, block = self.engine, self.engine.memory, self.config.block_size
         running, scheduled = eng.running, None
-        for req in [r for r in running if not (decoded_to(r) - r.cached_len) % block]:
+        for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
             if req.state is not State.RUNNING:  # preempted for one before it
                 continue
             while block > memory.available:
@@ -275,8 +286,8 @@ class ChunkedBatching:
             completed, failed = self._append_tokens(plan, result)
             finishing = True
         else:  # a simulator's step: no token ids, nothing failed
-            completed, failed = self._count_tokens(plan), []
-            finishing = any(r.generated >= r.max_new_tokens for r in completed) or self._decodes_finish(plan)
+            completed, finishing = self._count_tokens(plan)
+            failed = []
         if eng.step_log is not None:
             self._log(plan, start, result.elapsed)
         for req in failed:
@@ -304,24 +315,21 @@ class ChunkedBatching:
             req.append_token(token, now)
         return completed, [r for r in batch if r.rid in failed]
 
-    def _count_tokens(self, plan: Plan) -> list[Request]:
+    def _count_tokens(self, plan: Plan) -> tuple[list[Request], bool]:
         """_append_tokens for a step without token ids or failures: counts only (a decoding
-        request's first token came with its prefill)."""
-        now, completed = self.engine.clock.now(), []
+        request's first token came with its prefill). Returns the requests whose prefill completed,
+        and whether any request made its last token."""
+        now, completed, finishing = self.engine.clock.now(), [], False
         for chunk in plan.chunks:
             if chunk.completes:
                 req = chunk.req
                 del self.prefilling[req.rid]
                 completed.append(req)
                 req.append_token(None, now)
+                finishing = finishing or req.generated >= req.max_new_tokens
         for req in plan.decodes:
             req.generated += 1
-        return completed
-
-    @staticmethod
-    def _decodes_finish(plan: Plan) -> bool:
-        """Whether a decode of a step without token ids made the request's last token."""
-        return min([r.max_new_tokens - r.generated for r in plan.decodes], default=1) <= 0
+        return completed, finishing or min([r.max_new_tokens - r.generated for r in plan.decodes], default=1) <= 0
 
     def _log(self, plan: Plan, start: float, elapsed: float) -> None:
         work = StepWork(

@@ -24,9 +24,15 @@ def decoded_to(req: "Request") -> int:
     return req.prompt_len + req.generated - 1
 
 
-def own_tokens(running: list["Request"]) -> list[int]:
-    """Each decoding request's computed positions in blocks of its own (its cached prefix's are shared)."""
-    return [decoded_to(r) - r.cached_len for r in running]
+def spare_slots(running: list["Request"], block_size: int) -> list[int]:
+    """Each decoding request's unwritten slots in its last block: its computed positions beyond its
+    cached prefix (whose blocks are shared), decoded_to(r) - r.cached_len, taken from whole blocks."""
+    return [(r.cached_len + 1 - r.prompt_len - r.generated) % block_size for r in running]
+
+
+def slots_to_grow(spare: list[int], steps: int, block_size: int) -> list[int]:
+    """The slots each request with `spare` unwritten slots in its last block takes for `steps` more tokens."""
+    return [-((p - steps) // block_size) * block_size if steps > p else 0 for p in spare]
 
 
 class DecodeBlocks:
@@ -52,7 +58,7 @@ class DecodeBlocks:
 class Alike(NamedTuple):
     steps: int  # decode steps from now that single steps would run alike (0: none)
     to_finish: int  # decode steps until the first running request finishes
-    own: Sequence[int] = ()  # own_tokens of the running requests when this was found (for decode_ahead)
+    spare: Sequence[int] = ()  # spare_slots of the running requests when this was found (for decode_ahead)
 
 
 NONE_ALIKE = Alike(0, 0)
@@ -66,14 +72,15 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
     if not n or chunked.prefilling or n > config.max_num_batched_tokens:
         return NONE_ALIKE
     to_finish = min([r.max_new_tokens - r.generated for r in running])  # the step in which one finishes is the last
-    bs, own = config.block_size, own_tokens(running)
-    blocks = DecodeBlocks([-o % bs for o in own], bs)  # unwritten slots of each last block
+    bs = config.block_size
+    spare = spare_slots(running, bs)
+    blocks = DecodeBlocks(spare, bs)
     room = memory.pool.num_free if memory.cache is not None else memory.available
     steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
     if steps and admits and eng.scheduler.num_waiting():
         steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n)
-    return Alike(steps, to_finish, own)
+    return Alike(steps, to_finish, spare)
 
 
 def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int) -> int:
@@ -102,7 +109,7 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
     eng = chunked.engine
     running = eng.running
     steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
-    eng.memory.grow_all(running, steps, chunked.config.slots_to_grow(alike.own, steps))
+    eng.memory.grow_all(running, steps, slots_to_grow(alike.spare, steps, chunked.config.block_size))
     eng._charge_and_grow(steps)
     eng.clock.wait_until(end)
     if steps < alike.steps:  # stopped by the backend at `until`

@@ -155,7 +155,8 @@ class MemoryManager:
         self.pool.alloc(sum(slots))
         counts = self._counts
         for req, n in zip(reqs, slots):
-            counts[req.rid] += n
+            if n:
+                counts[req.rid] += n
 
     def cache_prefill(self, batch: Iterable[Request]) -> None:
         """After a prefill: the prompts' K/V join the tree (later requests may share them at once).

@@ -28,6 +28,7 @@ charge_cached * cached prompt tokens (charge_cached = 1, the default, is the pap
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from enum import Enum
 
 from slora_vtc.cost import CostFunction, LinearCost
@@ -257,6 +258,12 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
 
     # -- the look-ahead of macro-steps (vtc_lookahead.py) ---------------------------------------------
     KNOWN_TO_LOOKAHEAD = {"peek": peek, "on_decode_step": on_decode_step, "token_charge": token_charge}
+
+    @cached_property
+    def decode_token_charge(self) -> int | None:
+        """What every decode token costs where that is whole and alike for every request, else None
+        (vtc_lookahead.whole_token_charge: its class's rules and its cost, fixed once built)."""
+        return vtc_lookahead.whole_token_charge(self)
 
     def charge_steps(self, running: list[Request], steps: int, now: float) -> bool:
         return vtc_lookahead.charge_steps(self, running, steps)

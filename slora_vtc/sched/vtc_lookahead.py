@@ -13,7 +13,6 @@ a short list of (first step, request) pairs. Where any of this does not hold, th
 False / None and the engine takes single steps.
 """
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from slora_vtc.cost import LinearCost
@@ -36,30 +35,44 @@ def _built_in(vtc: "VTC", method: str) -> bool:
     return getattr(cls, method) is cls.KNOWN_TO_LOOKAHEAD[method]
 
 
-def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, int] | None:
-    """Per client, what each of the next `steps` decode steps of `running` charges it, where that is
-    the same every step and whole numbers, so that one product equals the per-step sums exactly;
-    None otherwise."""
+def whole_token_charge(vtc: "VTC") -> int | None:
+    """w_q where the rules of `vtc`'s class and cost make every decode token's charge whole and
+    alike (fixed for an instance: VTC keeps it as `decode_token_charge`); None otherwise."""
     cost = vtc.cost
     if not (_built_in(vtc, "on_decode_step") and _built_in(vtc, "token_charge")) or type(cost) is not LinearCost:
         return None
     if not (float(cost.w_p).is_integer() and float(cost.w_q).is_integer() and cost.w_q >= 0):
         return None
+    return int(cost.w_q)
+
+
+def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, int] | None:
+    """Per client, what each of the next `steps` decode steps of `running` charges it, where that is
+    the same every step and whole numbers, so that one product equals the per-step sums exactly;
+    None otherwise."""
+    w_q = vtc.decode_token_charge
+    if w_q is None:
+        return None
+    rates: dict[str, int] = {}
     if not vtc.refunds and not vtc.weights and vtc.charge_cached in (0, 1):  # every token w_q, whole inputs
-        w_q = int(cost.w_q)
-        rates = {name: n * w_q for name, n in Counter([req.client for req in running]).items()}
+        for req in running:
+            client = req.client
+            rates[client] = rates.get(client, 0) + w_q
     else:
-        rates = {}
         for req in running:
             record, client = vtc.records[req.rid], vtc.clients[req.client]
             if record.predicted >= req.generated + steps:  # every one of these tokens was charged up front
                 charge = 0
             elif record.predicted <= req.generated and float(record.input).is_integer() and client.weight == 1.0:
-                charge = int(cost.w_q)  # h(x, n) - h(x, n - 1), exactly
+                charge = w_q  # h(x, n) - h(x, n - 1), exactly
             else:
                 return None
             rates[req.client] = rates.get(req.client, 0) + charge
-    return rates if all(_exact(vtc.clients[name].counter, rate * steps) for name, rate in rates.items()) else None
+    clients = vtc.clients
+    for name, rate in rates.items():
+        if not _exact(clients[name].counter, rate * steps):
+            return None
+    return rates
 
 
 def charge_steps(vtc: "VTC", running: list[Request], steps: int) -> bool:

@@ -28,7 +28,7 @@ class Preemption:
     def choose_victim(self, running: list[Request], now: float) -> Request:
         counters = {name: self.counter_of(name) for name in {r.client for r in running}}
         top = max(counters.values())
-        return max([(*arrival_key(r), r) for r in running if counters[r.client] == top])[-1]  # keys are unique
+        return max([r for r in running if counters[r.client] == top], key=arrival_key)  # keys are unique
 
     def readmission_charge(self, req: Request, cached: int) -> float:
         """A preempted request prefilled again: its next token, unless the decode step it was
