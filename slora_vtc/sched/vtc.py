@@ -28,8 +28,8 @@ charge_cached * cached prompt tokens (charge_cached = 1, the default, is the pap
 
 from collections import deque
 from dataclasses import dataclass
-from functools import cached_property
 from enum import Enum
+from functools import cached_property
 
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.memory.budget import AdmissionBudget
