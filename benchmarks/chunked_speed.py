@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_info  # noqa: E402 (benchmarks/ is not a package)
 
+from slora_vtc import chunked  # noqa: E402
+from slora_vtc.chunked import ChunkedBatching  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.experiment import Experiment  # noqa: E402
 from slora_vtc.runner import run_experiment  # noqa: E402
@@ -46,20 +48,30 @@ def timed(exp: Experiment) -> tuple[float, int]:
     return time.perf_counter() - start, len(result.responses)
 
 
-def engine_steps(exp: Experiment) -> int:
-    """The engine's step() calls in one run of `exp` (counted around the method, untimed)."""
-    calls, original = 0, Engine.step
+def engine_steps(exp: Experiment, batching: str) -> int:
+    """The engine's events in one run of `exp` (counted around the methods, untimed): its step()
+    calls under S-LoRA's loop; under chunked batching, which runs every event up to the next arrival
+    in one step() call, its single steps and macro-steps."""
+    calls = 0
 
-    def counted(engine: Engine, until: float | None) -> bool:
-        nonlocal calls
-        calls += 1
-        return original(engine, until)
+    def counted(original):
+        def call(*args):
+            nonlocal calls
+            calls += 1
+            return original(*args)
 
-    Engine.step = counted
+        return call
+
+    patched = [(Engine, "step")] if batching == "slora" else [
+        (ChunkedBatching, "_single_step"), (chunked, "decode_ahead")]  # fmt: skip
+    originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    for owner, name, original in originals:
+        setattr(owner, name, counted(original))
     try:
         run_experiment(exp)
     finally:
-        Engine.step = original
+        for owner, name, original in originals:
+            setattr(owner, name, original)
     return calls
 
 
@@ -79,7 +91,7 @@ def measure(repeats: int) -> list[dict]:
         row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
         for batching in BATCHINGS:
             exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
-            steps = engine_steps(exp)
+            steps = engine_steps(exp, batching)
             row[f"{batching}_steps_per_request"] = steps / requests
             row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
         rows.append(row)

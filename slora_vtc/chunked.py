@@ -96,16 +96,16 @@ class ChunkedBatching:
             return self._single_step()
         clock, stepped = self.engine.clock, False
         while not stepped or clock.now() < until:  # at least one, as a single call would
-            if not self._event_next and (alike := alike_steps(self)).steps:
-                self._event_next = decode_ahead(self, alike, until)
-            else:
-                self._event_next = False
+            if self._event_next or not (alike := alike_steps(self)).steps:
                 if not self._single_step():
                     break
+            else:
+                self._event_next = decode_ahead(self, alike, until)
             stepped = True
         return stepped
 
     def _single_step(self) -> bool:
+        self._event_next = False
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
             return plan.preempted > 0
@@ -256,7 +256,7 @@ class ChunkedBatching:
     # -- charging ----------------------------------------------------------------------------------
     def _charge(self, plan: Plan) -> None:
         sched, now = self.engine.scheduler, self.engine.clock.now()
-        started = {id(r) for r in plan.started}
+        started = {id(r) for r in plan.started} if plan.started else ()
         for chunk in plan.chunks:
             req = chunk.req
             if req.generated:  # back from a preemption with tokens: reported once, at its admission
@@ -292,7 +292,8 @@ class ChunkedBatching:
             self._log(plan, start, result.elapsed)
         for req in failed:
             eng.abort(req, "the model failed on this request", keep_cache=False)
-        eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
+        if completed:
+            eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
         if finishing:
             batch = [c.req for c in plan.chunks] + plan.decodes
             eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)

@@ -213,6 +213,8 @@ class MemoryManager:
         req.kv_slots = []
 
     def evict_unused(self, running: Iterable[Request]) -> None:
+        if not self.adapters:
+            return
         in_use = {req.adapter for req in running}
         for name in [a for a in self.adapters if a not in in_use]:
             self.pool.free(self.adapters.pop(name))
