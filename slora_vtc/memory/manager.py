@@ -48,9 +48,10 @@ class MemoryManager:
         self.adapters: dict[str, "np.ndarray | int"] = {}  # slot ids (a count on a CountingPool)
         self.cache: "RadixCache | None" = None
         if cache:
-            from slora_vtc.memory.radix import RadixCache
+            from slora_vtc.memory.radix import RadixCache, id_array
 
-            self.cache = RadixCache(pool)
+            self.cache, self._id_array = RadixCache(pool), id_array
+        self._id_arrays: dict[int, "np.ndarray"] = {}  # with a cache: cache_ids of each request asked, until it leaves
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, "Node"] = {}  # with a cache: the deepest tree node each running request locks
         self._matched: dict[
@@ -83,6 +84,7 @@ class MemoryManager:
     def forget(self, req: Request) -> None:
         """A waiting request left (aborted): drop what was remembered for it."""
         self._matched.pop(req.rid, None)
+        self._id_arrays.pop(req.rid, None)
 
     def shared_tokens(self, req: Request) -> int:
         """Of a running request's slots, those the tree owns (counted in cache.locked, not as its own)."""
@@ -140,7 +142,8 @@ class MemoryManager:
         spare = self._spare[req.rid]
         if slots:
             spare.extend(self._alloc(slots).tolist())
-        written, self._spare[req.rid] = spare[:tokens], spare[tokens:]
+        written = spare[:tokens]
+        del spare[:tokens]
         req.kv_slots.extend(written)
         if self.cache:
             self._own[req.rid].extend(written)
@@ -211,6 +214,7 @@ class MemoryManager:
         if spare:
             self.pool.free(spare)
         req.kv_slots = []
+        self._id_arrays.pop(req.rid, None)  # a preempted request's are made again when next asked
 
     def evict_unused(self, running: Iterable[Request]) -> None:
         if not self.adapters:
@@ -225,11 +229,16 @@ class MemoryManager:
             self.cache.flush()
 
     # -- helpers ----------------------------------------------------------------------------
-    def cache_ids(self, req: Request):
-        """The ids the cache knows the request by (prompt, then generated); None without a cache or ids."""
+    def cache_ids(self, req: Request) -> "np.ndarray | None":
+        """The ids the cache knows the request by (prompt, then generated), as an array; None without
+        a cache or ids. Kept until the request grows or leaves: converting a long prompt takes time
+        of its length, and every admission attempt and look-ahead asks for a waiting request's."""
         if not self.cache or req.prompt_ids is None:
             return None
-        return req.token_ids() if req.generated else req.prompt_ids
+        kept = self._id_arrays.get(req.rid)
+        if kept is None or len(kept) != len(req.prompt_ids) + len(req.output_ids):
+            kept = self._id_arrays[req.rid] = self._id_array(req.token_ids() if req.output_ids else req.prompt_ids)
+        return kept
 
     def _lock_prefix(self, req: Request) -> None:
         ids = self.cache_ids(req)

@@ -52,7 +52,8 @@ class Node:
         return self.serial < other.serial
 
 
-def _ids(tokens: Sequence[int]) -> np.ndarray:
+def id_array(tokens: Sequence[int]) -> np.ndarray:
+    """Token ids as the tree keeps them (no copy when they are already)."""
     return np.asarray(tokens, dtype=np.int64)
 
 
@@ -97,7 +98,7 @@ class RadixCache:
         """match_len, and the node where the match stopped: until that node grows (`grown`) or
         the adapter's tree loses a node (`evictions`), the same tokens match the same length."""
         total, end = 0, self._root(adapter)
-        for node, take in self._walk(adapter, _ids(tokens)[:limit]):
+        for node, take in self._walk(adapter, id_array(tokens)[:limit]):
             total += take
             end = node
         return total, end
@@ -106,7 +107,7 @@ class RadixCache:
         """Of the matched prefix, the slots no request locks yet and not already counted in `seen`
         (node id -> tokens of it counted; updated): what locking this prefix would newly reserve."""
         fresh = 0
-        for node, take in self._walk(adapter, _ids(tokens)[:limit]):
+        for node, take in self._walk(adapter, id_array(tokens)[:limit]):
             if node.refs == 0 and take > seen.get(id(node), 0):
                 fresh += take - seen.get(id(node), 0)
                 seen[id(node)] = take
@@ -128,7 +129,7 @@ class RadixCache:
     # -- locking ----------------------------------------------------------------------------
     def acquire(self, adapter: str | None, tokens: Sequence[int], limit: int | None = None) -> tuple[Node, np.ndarray]:
         """Lock the longest cached prefix (at most `limit` tokens): its deepest node and its slots."""
-        ids = _ids(tokens)[:limit]
+        ids = id_array(tokens)[:limit]
         node, pos, parts, raw = self._root(adapter), 0, [], ids.tobytes()
         while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
             take = _matched(child, ids, raw, pos)
@@ -164,7 +165,7 @@ class RadixCache:
         """Cache tokens whose K/V are in `slots`. The tree keeps what it already held and takes
         slots[present:] for the rest; returns `present` (the caller still owns slots[:present]
         that are not the tree's own)."""
-        ids, slots = _ids(tokens), np.asarray(slots, dtype=np.int64)
+        ids, slots = id_array(tokens), np.asarray(slots, dtype=np.int64)
         node, pos, raw = self._root(adapter), 0, ids.tobytes()
         tick = next(self._clock)
         while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
