@@ -89,6 +89,7 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         self.by_counter = LeastCounter()  # the clients in `queued`, least counter first
         self._waiting = 0
         self._registered = 0  # clients registered so far (their orders)
+        self.steady_memo: tuple[tuple[Request, ...], dict[str, int]] | None = None  # vtc_lookahead: a batch's rates
 
     # -- the ledger -----------------------------------------------------------------------------
     def counter_of(self, client: str) -> float:
