@@ -42,5 +42,6 @@ def build_memory(config: EngineConfig, backend: ModelBackend) -> MemoryManager:
     if backend.simulated and not config.prefix_cache:
         return MemoryManager(CountingPool(config.pool_tokens), config.slots_of)
     return MemoryManager(
-        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache
-    )
+        TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache,
+        hit_unit=config.block_size if config.chunked else 1,
+    )  # fmt: skip

@@ -176,9 +176,13 @@ class ChunkedBatching:
         eng, running = self.engine, self.engine.running
         while slots > eng.memory.available:
             victim = eng.scheduler.choose_victim(running, eng.clock.now())
-            if running.index(victim) < i:  # scheduled already this step: taken back
+            if running.index(victim) < i:  # scheduled already this step: taken back, nothing computed
                 i -= 1
-                budget += plan.take_back(victim)
+                tokens = plan.take_back(victim)
+                budget += tokens
+                eng.memory.unwrite(victim, tokens)
+                if victim.rid in self.prefilling:
+                    self.prefilling[victim.rid] -= tokens
             self._preempt(victim)
             plan.preempted += 1
             if victim is req:

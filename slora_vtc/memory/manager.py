@@ -25,7 +25,9 @@ class MemoryManager:
     With a prefix cache (`cache=True`), a request starts from the longest prefix of its ids the tree
     holds for its adapter (locked while it runs), and the K/V it computes join the tree: its prompt
     right after its prefill, its generated tokens when it leaves (finished or preempted). A slot is
-    then either the tree's or the request's own; `release` frees only the request's own.
+    then either the tree's or the request's own; `release` frees only the request's own. A hit is
+    used in whole multiples of `hit_unit` tokens (chunked batching's block: vLLM reuses whole blocks
+    only, so that a request's own blocks start at a block's start; 1 in S-LoRA's loop).
 
     On a CountingPool (a simulated backend without the cache: nothing reads slot ids) a request's
     `kv_slots` stay empty and the manager counts the slots it holds; the pool's counts are the same.
@@ -37,6 +39,7 @@ class MemoryManager:
         adapter_slots: int | Callable[[str], int],
         on_load: AdapterHook | None = None,
         cache: bool = False,
+        hit_unit: int = 1,
     ):
         if not pool.hands_out_ids and (cache or on_load is not None):
             raise ValueError("the prefix cache and adapter loading need slot ids: give the manager a TokenPool")
@@ -52,6 +55,7 @@ class MemoryManager:
 
             self.cache, self._id_array = RadixCache(pool), id_array
         self._id_arrays: dict[int, "np.ndarray"] = {}  # with a cache: cache_ids of each request asked, until it leaves
+        self.hit_unit = hit_unit
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, "Node"] = {}  # with a cache: the deepest tree node each running request locks
         self._matched: dict[
@@ -78,6 +82,7 @@ class MemoryManager:
             if end.grown == grown and seen_evictions == evictions and generated == req.generated:
                 return n
         n, end = self.cache.match(req.adapter, ids, req.prefill_len - 1)
+        n -= n % self.hit_unit
         self._matched[req.rid] = (n, end, end.grown, evictions, req.generated)
         return n
 
@@ -128,7 +133,7 @@ class MemoryManager:
         """Slots `start` would take from what is available: cached slots it locks that nobody locks
         yet (they stop being evictable), and its adapter when it is not resident."""
         ids = self.cache_ids(req)
-        locking = 0 if ids is None else self.cache.unlocked_len(req.adapter, ids, req.prefill_len - 1, {})
+        locking = 0 if ids is None else self.cache.unlocked_len(req.adapter, ids, self.cached_len(req), {})
         adapter = 0 if req.adapter is None or req.adapter in self.adapters else self.slots_of(req.adapter)
         return locking + adapter
 
@@ -147,6 +152,18 @@ class MemoryManager:
         req.kv_slots.extend(written)
         if self.cache:
             self._own[req.rid].extend(written)
+
+    def unwrite(self, req: Request, tokens: int) -> None:
+        """Take back the last `tokens` grown into the request's slots (a step scheduled them, then
+        preempted the request before running): no K/V was computed there, so they are spare again
+        and do not join the tree when the request is released."""
+        if not self._ids or not tokens:
+            return
+        taken = req.kv_slots[-tokens:]
+        del req.kv_slots[-tokens:]
+        if self.cache:
+            del self._own[req.rid][-tokens:]
+        self._spare[req.rid][:0] = taken
 
     def grow_all(self, reqs: list[Request], tokens: int, slots: list[int]) -> None:
         """`grow(req, tokens, slots[i])` for each request in order; on a CountingPool one allocation
@@ -245,7 +262,7 @@ class MemoryManager:
         req.cached_len = 0
         if ids is None:
             return
-        node, slots = self.cache.acquire(req.adapter, ids, req.prefill_len - 1)
+        node, slots = self.cache.acquire(req.adapter, ids, self.cached_len(req))
         self._node[req.rid] = node
         req.kv_slots = slots.tolist()
         req.cached_len = len(slots)

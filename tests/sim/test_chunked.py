@@ -63,6 +63,11 @@ class Seq:
         self.recomputed += max(0, min(self.computed + n, self.computed_before) - self.computed)
         self.computed += n
 
+    def uncompute(self, n: int) -> None:
+        """Scheduled n positions this step, then preempted before the step ran: none was computed."""
+        self.computed -= n
+        self.recomputed -= max(0, min(self.computed + n, self.computed_before) - self.computed)
+
 
 def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
     """vLLM v1's schedule() with FCFS, no prefix cache, one second per step: running requests first
@@ -104,11 +109,12 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
             while need > free():
                 victim = max(running, key=lambda r: (r.arrival, r.rid))
                 at = running.index(victim)
-                if at < i:  # scheduled already: take its tokens back
+                if at < i:  # scheduled already: take its tokens back (never computed)
                     i -= 1
                     entry = next(e for e in step if e[0] == victim.rid)
                     step.remove(entry)
                     left += entry[1]
+                    victim.uncompute(entry[1])
                 running.remove(victim)
                 victim.computed_before = max(victim.computed_before, victim.computed)
                 victim.computed, victim.prefilling = 0, True

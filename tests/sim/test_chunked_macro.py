@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
-from slora_vtc.chunked_macro import DecodeBlocks
+from slora_vtc.chunked_macro import DecodeBlocks, slots_to_grow
 from slora_vtc.config import EngineConfig
 from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
@@ -121,6 +121,7 @@ def test_slots_to_grow_are_the_blocks_each_request_adds_one_token_at_a_time(bloc
             own += 1
         expected.append(slots)
     assert config.slots_to_grow(held, tokens) == expected
+    assert slots_to_grow([-h % block for h in held], tokens, block) == expected  # from the spare slots
 
 
 # The result files of whole suites (the first minute of the long ones), macro-steps on and off: every
