@@ -1,4 +1,4 @@
-"""The K/V that chunked batching's prefix cache serves was computed, for the same tokens.
+"""The K/V that the prefix cache serves was computed, for the same tokens (chunked batching, and S-LoRA's loop).
 
 A backend here makes tokens (so that outputs enter the tree too) and keeps, per pool slot, the token
 prefix whose K/V the last step that wrote the slot computed: a chunk writes its positions, a decode
@@ -30,24 +30,28 @@ class WrittenSlots(ModelBackend):
         self.written: dict[int, tuple[int, ...]] = {}  # slot -> the token prefix its K/V was computed for
         self.bad_reads: list[tuple[int, int]] = []  # (rid, position) read where no step computed that prefix
 
-    def prefill(self, reqs):
-        raise AssertionError("chunked batching has no prefill pass")
+    def prefill(self, reqs):  # S-LoRA's loop: each prompt from its hit on
+        return self._compute([(r, r.cached_len, r.prefill_len) for r in reqs])
 
     def decode(self, reqs):
-        raise AssertionError("chunked batching has no decode pass")
+        return self._compute([(r, r.prompt_len + r.generated - 1, r.prompt_len + r.generated) for r in reqs])
 
     def mixed(self, chunks, decodes):
-        for req, start, end in [(c.req, c.start, c.start + c.length) for c in chunks] + [
-            (r, r.prompt_len + r.generated - 1, r.prompt_len + r.generated) for r in decodes
-        ]:
+        return self._compute(
+            [(c.req, c.start, c.start + c.length) for c in chunks]
+            + [(r, r.prompt_len + r.generated - 1, r.prompt_len + r.generated) for r in decodes]
+        )
+
+    def _compute(self, spans: list[tuple[Request, int, int]]) -> StepResult:
+        """Each request reads positions [0, start) and computes [start, end)."""
+        for req, start, end in spans:
             ids = [*req.prompt_ids, *req.output_ids]
             for pos in range(start):  # read
                 if self.written.get(req.kv_slots[pos]) != tuple(ids[: pos + 1]):
                     self.bad_reads.append((req.rid, pos))
             for pos in range(start, end):  # written
                 self.written[req.kv_slots[pos]] = tuple(ids[: pos + 1])
-        batch = [c.req for c in chunks] + decodes
-        return StepResult([7 + r.prompt_len + r.generated for r in batch], 1.0)
+        return StepResult([7 + r.prompt_len + r.generated for r, _, _ in spans], 1.0)
 
 
 @st.composite
@@ -89,6 +93,24 @@ def test_the_prefix_cache_serves_only_kv_computed_for_its_tokens(requests, spec,
         build_scheduler(spec, ["a", "b"]), requests, backend, pool_tokens=pool, batching="chunked",
         prefix_cache=True, max_num_batched_tokens=budget, max_num_seqs=4, block_size=block,
     )  # fmt: skip
+    assert backend.bad_reads == []
+    engine.memory.flush()
+    assert_clean(engine, requests)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=workloads(),
+    spec=st.sampled_from(["fcfs", "vtc"]),
+    pool=st.integers(96, 400),
+    admission=st.sampled_from(["conservative", "optimistic"]),
+)
+def test_s_lora_loop_too(requests, spec, pool, admission):
+    """The same in S-LoRA's loop, whose preemption (optimistic admission) frees a whole batch's slots."""
+    backend = WrittenSlots()
+    engine, _ = run_engine(
+        build_scheduler(spec, ["a", "b"]), requests, backend, pool_tokens=pool, prefix_cache=True, admission=admission
+    )
     assert backend.bad_reads == []
     engine.memory.flush()
     assert_clean(engine, requests)
