@@ -100,7 +100,6 @@ class MemoryManager:
         """Lock the batch's cached prefixes, load its adapters, and give each request slots for the
         rest of its prefill. Prefixes are locked first so that allocating cannot evict them."""
         for req in batch:
-            self._matched.pop(req.rid, None)
             self._lock_prefix(req)
         for req in batch:
             self._ensure_adapter(req.adapter)
@@ -119,7 +118,6 @@ class MemoryManager:
     def start(self, req: Request) -> None:
         """A request scheduled for the first time since it waited (chunked batching): lock its cached
         prefix and load its adapter; it holds none of its own slots yet (`grow` gives them)."""
-        self._matched.pop(req.rid, None)
         self._lock_prefix(req)
         self._ensure_adapter(req.adapter)
         if self._ids:
@@ -262,7 +260,9 @@ class MemoryManager:
         req.cached_len = 0
         if ids is None:
             return
-        node, slots = self.cache.acquire(req.adapter, ids, self.cached_len(req))
+        hit = self.cached_len(req)
+        self._matched.pop(req.rid, None)  # kept for waiting requests only
+        node, slots = self.cache.acquire(req.adapter, ids, hit)
         self._node[req.rid] = node
         req.kv_slots = slots.tolist()
         req.cached_len = len(slots)
