@@ -131,7 +131,7 @@ class ChunkedBatching:
     def _schedule_running(self, plan: Plan, budget: int) -> int:
         """The running pass: each running request in order its decode or next chunk, preempting for
         the blocks it needs; returns the budget it leaves."""
-        if self.prefilling or len(self.engine.running) > budget or self.engine.memory.pool.hands_out_ids:
+        if self.prefilling or len(self.engine.running) > budget:
             return self._schedule_one_by_one(plan, budget)
         return self._schedule_decodes(plan, budget)
 
@@ -190,11 +190,12 @@ class ChunkedBatching:
         return i, budget
 
     def _schedule_decodes(self, plan: Plan, budget: int) -> int:
-        """_schedule_one_by_one where every running request decodes, the budget covers them all and
-        the pool hands out no ids: only a request whose last block is full needs a step of its own
-        (it may preempt; when it is itself the victim, the pass ends before it)."""
+        """_schedule_one_by_one where every running request decodes and the budget covers them all:
+        only a request whose last block is full needs a step of its own (it may preempt; when it is
+        itself the victim, the pass ends before it), and a victim that had taken its block already is
+        taken back; on a pool with slot ids, every other decode then writes into a slot it holds."""
         eng, memory, block = self.engine, self.engine.memory, self.config.block_size
-        running, scheduled = eng.running, None
+        running, scheduled, grown = eng.running, None, set()
         for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
             if req.state is not State.RUNNING:  # preempted for one before it
                 continue
@@ -202,6 +203,8 @@ class ChunkedBatching:
                 victim = eng.scheduler.choose_victim(running, eng.clock.now())
                 if victim is req:
                     scheduled = running[: running.index(req)]
+                elif victim.rid in grown:  # scheduled already this step: its token taken back, never computed
+                    memory.unwrite(victim, 1)
                 self._preempt(victim)
                 plan.preempted += 1
                 if victim is req:
@@ -209,7 +212,10 @@ class ChunkedBatching:
             if scheduled is not None:
                 break
             memory.grow(req, 1, block)
+            grown.add(req.rid)
         plan.decodes = list(running) if scheduled is None else scheduled
+        if memory.pool.hands_out_ids:
+            memory.write_next([r for r in plan.decodes if r.rid not in grown])
         return budget - len(plan.decodes)
 
     def _schedule_waiting(self, plan: Plan, budget: int) -> None:
