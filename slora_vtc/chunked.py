@@ -9,8 +9,9 @@ in the scheduler's order (peek, pop), each taking what is left of the budget, wh
 computes. When a running request cannot get its blocks, the scheduler's victim (`choose_victim`
 among every running request) is preempted by recompute, again until the request fits or is itself
 the victim, which ends the running pass; a victim already scheduled this step is taken back, its
-tokens returned to the budget (what vLLM does when its priority policy chooses victims). A waiting
-request that cannot get its blocks ends the waiting pass (head-of-line, as vLLM).
+tokens returned to the budget (what vLLM does when its priority policy chooses victims) and its
+slots unwritten (nothing was computed there). A waiting request that cannot get its blocks ends the
+waiting pass (head-of-line, as vLLM). With the prefix cache, hits count in whole blocks.
 
 Charges, as the vLLM plugin charges inside vLLM (sched/prompt_charge.py): after scheduling, each
 prompt chunk reports the prefill so far and the report before it is refunded; a request back from a
