@@ -79,7 +79,7 @@ def workloads(draw) -> list[Request]:
     return requests
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     requests=workloads(),
     spec=st.sampled_from(["fcfs", "vtc"]),
@@ -98,7 +98,7 @@ def test_the_prefix_cache_serves_only_kv_computed_for_its_tokens(requests, spec,
     assert_clean(engine, requests)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     requests=workloads(),
     spec=st.sampled_from(["fcfs", "vtc"]),
