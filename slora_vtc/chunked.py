@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slora_vtc.backends.base import Chunk, StepResult
-from slora_vtc.chunked_macro import alike_steps, decode_ahead, decoded_to
+from slora_vtc.chunked_macro import alike_steps, decode_ahead, decoded_to, slots_to_grow
 from slora_vtc.clock import VirtualClock
 from slora_vtc.errors import UserError
 from slora_vtc.memory.budget import CacheHits
@@ -181,9 +181,7 @@ class ChunkedBatching:
                 i -= 1
                 tokens = plan.take_back(victim)
                 budget += tokens
-                eng.memory.unwrite(victim, tokens)
-                if victim.rid in self.prefilling:
-                    self.prefilling[victim.rid] -= tokens
+                self._untake(victim, tokens)
             self._preempt(victim)
             plan.preempted += 1
             if victim is req:
@@ -204,8 +202,8 @@ class ChunkedBatching:
                 victim = eng.scheduler.choose_victim(running, eng.clock.now())
                 if victim is req:
                     scheduled = running[: running.index(req)]
-                elif victim.rid in grown:  # scheduled already this step: its token taken back, never computed
-                    memory.unwrite(victim, 1)
+                elif victim.rid in grown:  # scheduled already this step: its token taken back
+                    self._untake(victim, 1)
                 self._preempt(victim)
                 plan.preempted += 1
                 if victim is req:
@@ -215,8 +213,9 @@ class ChunkedBatching:
             memory.grow(req, 1, block)
             grown.add(req.rid)
         plan.decodes = list(running) if scheduled is None else scheduled
-        if memory.pool.hands_out_ids:
-            memory.write_next([r for r in plan.decodes if r.rid not in grown])
+        if memory.pool.hands_out_ids:  # the others write their token into a slot they hold
+            rest = [r for r in plan.decodes if r.rid not in grown]
+            memory.grow_all(rest, 1, [0] * len(rest))
         return budget - len(plan.decodes)
 
     def _schedule_waiting(self, plan: Plan, budget: int) -> None:
@@ -248,9 +247,17 @@ class ChunkedBatching:
             plan.started.append(req)
             budget -= n
 
+    def _untake(self, victim: Request, tokens: int) -> None:
+        """A victim the running pass had scheduled `tokens` for before preempting it: none was computed,
+        so their slots are unwritten and its prefill (if it was in one) is where it was."""
+        self.engine.memory.unwrite(victim, tokens)
+        if victim.rid in self.prefilling:
+            self.prefilling[victim.rid] -= tokens
+
     def _slots(self, req: Request, done: int, n: int) -> int:
         """Slots the request's next n tokens take beyond what it holds (its own tokens, in blocks)."""
-        return self.config.slots_to_grow((done - req.cached_len,), n)[0]
+        block = self.config.block_size
+        return slots_to_grow([(req.cached_len - done) % block], n, block)[0]
 
     def _preempt(self, req: Request) -> None:
         done = self.prefilling.pop(req.rid, None)

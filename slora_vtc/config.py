@@ -1,6 +1,5 @@
 """Frozen configuration of the engine, its memory pool and its admission check (EngineConfig)."""
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -65,12 +64,6 @@ class EngineConfig:
     def round_up(self, tokens: int) -> int:
         """Chunked batching: the slots `tokens` tokens take in whole blocks of block_size."""
         return -(-tokens // self.block_size) * self.block_size
-
-    def slots_to_grow(self, held: Sequence[int], tokens: int) -> list[int]:
-        """round_up(h + tokens) - round_up(h) for each h in `held`: the slots each request holding h
-        tokens of its own takes for `tokens` more (one pass, for a macro-step's whole batch)."""
-        bs = self.block_size
-        return [(-h // bs - (-h - tokens) // bs) * bs for h in held]
 
     @property
     def batch_max_tokens(self) -> int:

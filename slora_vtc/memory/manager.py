@@ -151,17 +151,6 @@ class MemoryManager:
         if self.cache:
             self._own[req.rid].extend(written)
 
-    def write_next(self, reqs: list[Request]) -> None:
-        """grow(req, 1, 0) for each request in one pass: its next spare slot now holds K/V (a decode's)."""
-        if not self._ids:
-            return
-        spares, owns, cache = self._spare, self._own, self.cache
-        for req in reqs:
-            slot = spares[req.rid].pop(0)
-            req.kv_slots.append(slot)
-            if cache:
-                owns[req.rid].append(slot)
-
     def unwrite(self, req: Request, tokens: int) -> None:
         """Take back the last `tokens` grown into the request's slots (a step scheduled them, then
         preempted the request before running): no K/V was computed there, so they are spare again

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 EXACT_BELOW = 2.0**52  # integers up to here, and sums of two, are exact in a float
 
 
+def _exact(counter: float, added: int) -> bool:
+    """A whole counter that stays exact after `added` more."""
+    return counter.is_integer() and abs(counter) + added < EXACT_BELOW
+
+
 def _built_in(vtc: "VTC", method: str) -> bool:
     """Whether `vtc`'s class does `method` as the class that declared its rules to this module did
     (`KNOWN_TO_LOOKAHEAD`): a subclass that charges or selects otherwise must say for itself."""
@@ -71,8 +76,7 @@ def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, in
             rates[req.client] = rates.get(req.client, 0) + charge
     clients = vtc.clients
     for name, rate in rates.items():
-        counter = clients[name].counter  # whole, and exact after adding (EXACT_BELOW)
-        if not (counter.is_integer() and abs(counter) + rate * steps < EXACT_BELOW):
+        if not _exact(clients[name].counter, rate * steps):
             return None
     return rates
 
@@ -106,10 +110,10 @@ def heads(vtc: "VTC", running: list[Request], steps: int) -> list[tuple[int, Req
         return None
     waiting = []
     for name, c in vtc.queued.items():
-        rate, counter = rates.get(name, 0), c.counter
-        if not (counter.is_integer() and abs(counter) + rate * steps < EXACT_BELOW):  # as in steady_rates
+        rate = rates.get(name, 0)
+        if not _exact(c.counter, rate * steps):
             return None
-        waiting.append((int(counter), c.order, rate, c))
+        waiting.append((int(c.counter), c.order, rate, c))
     if not waiting:
         return None
     found, s = [], 0

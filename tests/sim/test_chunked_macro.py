@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.chunked_macro import DecodeBlocks, slots_to_grow
-from slora_vtc.config import EngineConfig
 from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
 from slora_vtc.runner import run_experiment
@@ -111,7 +110,6 @@ def test_decode_blocks_count_as_steps_take_them(data, block, n):
 def test_slots_to_grow_are_the_blocks_each_request_adds_one_token_at_a_time(block, held, tokens):
     """A request holding h tokens takes a new block whenever a token lands in a full last block:
     count those token by token (blocks of its own at h, at h + tokens)."""
-    config = EngineConfig(block_size=block, batching="chunked", pool_tokens=max(block, 1024))
     expected = []
     for h in held:
         slots, own = 0, h
@@ -120,8 +118,7 @@ def test_slots_to_grow_are_the_blocks_each_request_adds_one_token_at_a_time(bloc
                 slots += block
             own += 1
         expected.append(slots)
-    assert config.slots_to_grow(held, tokens) == expected
-    assert slots_to_grow([-h % block for h in held], tokens, block) == expected  # from the spare slots
+    assert slots_to_grow([-h % block for h in held], tokens, block) == expected  # from each one's spare slots
 
 
 # The result files of whole suites (the first minute of the long ones), macro-steps on and off: every
