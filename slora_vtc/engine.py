@@ -110,7 +110,7 @@ class Engine:
 
     def log_steps(self, path: str) -> None:
         """Write one step record per forward pass to `path` (slora_vtc/steplog.py); single steps only."""
-        self.step_log = StepLogger(StepLogWriter(path), self.memory, self.backend.simulated)
+        self.step_log = StepLogger(StepLogWriter(path).open(), self.memory, self.backend.simulated)
 
     # -- the loop -------------------------------------------------------------------------
     def step(self, until: float | None = None) -> bool:
@@ -209,11 +209,12 @@ class Engine:
             return
         self.scheduler.on_decode_step(self.running, self.clock.now())
         self.memory.extend(self.running)
+        start = self.clock.now()  # a wall clock moves during the pass, a virtual one in _apply
         result = self.backend.decode(self.running)
         if self.step_log is not None:
             context = sum(r.prompt_len + r.generated for r in self.running)
             work = StepWork(decode_reqs=len(self.running), context_tokens=context, preempted=preempted)
-            self.step_log.step(self.clock.now(), result.elapsed, work)
+            self.step_log.step(start, result.elapsed, work)
         self._apply(self.running, result)
         self._steps_since_admission += 1
         self._retire(self.running)

@@ -4,7 +4,14 @@ import argparse
 from pathlib import Path
 
 from slora_vtc.backends.registry import get_backend
-from slora_vtc.cli.experiments import add_adapter_args, add_batching_args, add_model_args, batching_settings, report
+from slora_vtc.cli.experiments import (
+    add_adapter_args,
+    add_batching_args,
+    add_model_args,
+    add_step_log_arg,
+    batching_settings,
+    report,
+)
 from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP, KEEP_ALIVE_S
 
 
@@ -41,6 +48,7 @@ def cmd_serve(args) -> int:
             keep_alive_s=args.keep_alive_timeout,
             prefix_cache=args.prefix_cache,
             engine_process=args.engine_process,
+            step_log=args.step_log,
             **batching_settings(args),
         )
     )
@@ -77,6 +85,7 @@ def add_parsers(sub) -> None:
     add_model_args(srv, backend=True)
     add_adapter_args(srv)
     add_batching_args(srv)
+    add_step_log_arg(srv)
     srv.add_argument(
         "--served-model-name",
         nargs="+",

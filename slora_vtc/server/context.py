@@ -50,6 +50,7 @@ class ServerConfig:
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     max_num_seqs: int = EngineConfig.max_num_seqs
     block_size: int = EngineConfig.block_size
+    step_log: str | None = None  # write one JSON line per engine step here (slora_vtc/steplog.py)
     # the engine in a process of its own (engine_process.py), not a thread of this one: `serve`'s default; off here,
     # where tests and tools build many servers in one process
     engine_process: bool = False
@@ -166,6 +167,8 @@ def engine_service(
 ) -> EngineService:
     """The engine and its thread (in the server's process, or in the engine process: picklable arguments)."""
     engine = _engine(config, engine_config, scheduler_for(config.scheduler, clients), adapters)
+    if config.step_log is not None:
+        engine.log_steps(config.step_log)
     return EngineService(engine, config.client_idle_s, config.max_client_labels, config.max_waiting)
 
 

@@ -357,3 +357,5 @@ class EngineService:
         self._take_commands(block=False)
         self._abort_all(self.error or SHUTTING_DOWN)
         self._flush()
+        if self.engine.step_log is not None:
+            self.engine.step_log.close()
