@@ -79,6 +79,7 @@ WORKLOADS = {
 SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
 TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
 MIN_REQUESTS = 20  # a tenant's mean TTFT is compared from this many finished requests
+RATIO_WINDOW_S = 4.0  # each run's step-time ratio is also recorded over windows this long
 JITTER_MS, JITTER_SEEDS = 50.0, 8  # the sensitivity band: each arrival up to this much later, over this many seeds
 CALIBRATION_RATES = (1.0, 2.0, 4.0, 8.0)  # requests/s, one phase each
 PROMPTS, OUTPUTS = (8, 1500), (8, 256)  # lengths drawn log-uniformly between these
@@ -220,6 +221,7 @@ def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Sett
     return {
         "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
         "step_time_ratio": _step_ratio(steps),
+        "step_time_ratio_by_window": _step_ratio_by_window(steps),
         "decode_context_p10_p90": context_range(steps),
     }
 
@@ -230,9 +232,23 @@ def context_range(steps: list[StepRecord]) -> list[int]:
     return [contexts[len(contexts) // 10], contexts[9 * len(contexts) // 10]] if contexts else [0, 0]
 
 
-def _step_ratio(steps: list[StepRecord]) -> float:
+def _step_ratio_by_window(steps: list[StepRecord]) -> list[list[float]]:
+    """_step_ratio over each RATIO_WINDOW_S of the run, from its first step: [window start (s), ratio],
+    where the machine ran faster or slower than its average over the run (windows without a busy step left out)."""
+    if not steps:
+        return []
+    windows: dict[int, list[StepRecord]] = {}
+    for r in steps:
+        windows.setdefault(int((r.t - steps[0].t) // RATIO_WINDOW_S), []).append(r)
+    ratios = ((k * RATIO_WINDOW_S, _step_ratio(window)) for k, window in sorted(windows.items()))
+    return [[start, round(ratio, 3)] for start, ratio in ratios if ratio is not None]
+
+
+def _step_ratio(steps: list[StepRecord]) -> float | None:
     model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
     busy = [r for r in steps if r.prefill_tokens or r.decode_reqs]
+    if not busy:
+        return None
     fitted = sum(model.mixed_time(*(getattr(r, t) for t in STEP_TERMS)) - model.gap_s for r in busy)
     return sum(r.wall_s for r in busy) / fitted
 
