@@ -374,6 +374,18 @@ def at_run_speed(
         return observed(simulate(trace, scheduler, scaled, pool, s, Path(folder) / "sim.jsonl", seconds), seconds)
 
 
+def machine_speed(runs: dict) -> dict:
+    """How far the machine's speed moved: the lowest and highest step-time ratio of the runs, and of
+    their RATIO_WINDOW_S windows."""
+    ratios = [row["step_time_ratio"] for row in runs.values() if "step_time_ratio" in row]
+    windows = [ratio for row in runs.values() for _, ratio in row.get("step_time_ratio_by_window", [])]
+    return {
+        "runs": [min(ratios), max(ratios)] if ratios else None,
+        "windows": [min(windows), max(windows)] if windows else None,
+        "window_s": RATIO_WINDOW_S,
+    }
+
+
 def _row(name: str, scheduler: str, row: dict) -> str:
     ttft = ", ".join(f"{c} {v['sim']:.2f}/{v['vllm']:.2f}s" for c, v in row["ttft_pairs"].items())
     sim, real = row["sim"]["throughput_tok_s"], row["vllm"]["throughput_tok_s"]
@@ -467,6 +479,7 @@ def main() -> int:
     record["targets"] = TARGETS
     record["within_targets"] = within_targets(record["runs"])
     record["jitter"] = {"ms": JITTER_MS, "seeds": JITTER_SEEDS}
+    record["speed"] = machine_speed(record["runs"])
     record["ttft_jitter_band_widest_s"] = max(
         high - low for row in record["runs"].values() for low, high in row["ttft_jitter_band"].values()
     )
