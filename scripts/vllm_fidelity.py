@@ -218,10 +218,11 @@ def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Sett
     before, load = _lines(step_log), os.getloadavg()[0]
     bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
     steps = read_step_log(step_log)[before:]  # one line a step: the lines after `before` are the run's
+    model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
     return {
         "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
-        "step_time_ratio": _step_ratio(steps),
-        "step_time_ratio_by_window": _step_ratio_by_window(steps),
+        "step_time_ratio": _step_ratio(steps, model),
+        "step_time_ratio_by_window": _step_ratio_by_window(steps, model),
         "decode_context_p10_p90": context_range(steps),
     }
 
@@ -232,7 +233,7 @@ def context_range(steps: list[StepRecord]) -> list[int]:
     return [contexts[len(contexts) // 10], contexts[9 * len(contexts) // 10]] if contexts else [0, 0]
 
 
-def _step_ratio_by_window(steps: list[StepRecord]) -> list[list[float]]:
+def _step_ratio_by_window(steps: list[StepRecord], model: VllmStepModel) -> list[list[float]]:
     """_step_ratio over each RATIO_WINDOW_S of the run, from its first step: [window start (s), ratio],
     where the machine ran faster or slower than its average over the run (windows without a busy step left out)."""
     if not steps:
@@ -240,12 +241,12 @@ def _step_ratio_by_window(steps: list[StepRecord]) -> list[list[float]]:
     windows: dict[int, list[StepRecord]] = {}
     for r in steps:
         windows.setdefault(int((r.t - steps[0].t) // RATIO_WINDOW_S), []).append(r)
-    ratios = ((k * RATIO_WINDOW_S, _step_ratio(window)) for k, window in sorted(windows.items()))
+    ratios = ((k * RATIO_WINDOW_S, _step_ratio(window, model)) for k, window in sorted(windows.items()))
     return [[start, round(ratio, 3)] for start, ratio in ratios if ratio is not None]
 
 
-def _step_ratio(steps: list[StepRecord]) -> float | None:
-    model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
+def _step_ratio(steps: list[StepRecord], model: VllmStepModel) -> float | None:
+    """vLLM's time for the busy steps over what the calibrated `model` gives them (None: no busy step)."""
     busy = [r for r in steps if r.prefill_tokens or r.decode_reqs]
     if not busy:
         return None
@@ -340,7 +341,8 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
             band = jitter_band(trace, scheduler, testbed, info["pool_tokens"], s, seconds)
             row["ttft_jitter_band"] = {tenant: band[tenant] for tenant in row["ttft_pairs"]}
             if "step_time_ratio" in machine:
-                at_speed = at_run_speed(trace, scheduler, testbed, info["pool_tokens"], s, seconds, machine)
+                ratio = machine["step_time_ratio"]
+                at_speed = at_run_speed(trace, scheduler, testbed, info["pool_tokens"], s, seconds, ratio)
                 row["at_run_speed"] = verdict(measured, at_speed)
             print(_row(name, scheduler, row), flush=True)
     return table
@@ -352,8 +354,8 @@ def jitter_band(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settin
     band: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(JITTER_SEEDS):
-            out = simulate(trace, scheduler, testbed, pool, s, Path(folder) / f"{seed}.jsonl", seconds, None,
-                           (JITTER_MS, seed))  # fmt: skip
+            out = Path(folder) / f"{seed}.jsonl"
+            simulate(trace, scheduler, testbed, pool, s, out, duration=seconds, jitter=(JITTER_MS, seed))
             for tenant, ttft in observed(out, seconds)["ttft_mean_s"].items():
                 low, high = band.get(tenant, [ttft, ttft])
                 band[tenant] = [min(low, ttft), max(high, ttft)]
@@ -361,13 +363,13 @@ def jitter_band(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settin
 
 
 def at_run_speed(
-    trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, seconds: float, machine: dict
+    trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, seconds: float, ratio: float
 ) -> dict:
     """What the simulator predicts for the run with its step times scaled to the run's measured speed
-    (`step_time_ratio`: vLLM's steps in the run over the calibrated model's time for them)."""
+    (`ratio`, the run's step_time_ratio: vLLM's steps in the run over the calibrated model's time for them)."""
     model = json.loads(testbed.read_text())
     for term in ("base_s", "prefill_token_s", "prefill_pair_s", "decode_req_s", "context_token_s"):  # not gap_s
-        model[term] *= machine["step_time_ratio"]
+        model[term] *= ratio
     with tempfile.TemporaryDirectory() as folder:
         scaled = Path(folder) / "testbed.json"
         scaled.write_text(json.dumps(model))

@@ -4,6 +4,7 @@ every prompt token prefilled once (no prefix cache, a pool that never preempts),
 tokens but its first (which its prefill makes) decoded one per step."""
 
 import asyncio
+import re
 
 import pytest
 from openai import AsyncOpenAI
@@ -50,6 +51,6 @@ def test_the_servers_step_log_adds_up_to_its_requests(tmp_path, batching):
 
 def test_a_step_log_that_cannot_be_written_is_refused_at_start(tmp_path):
     path = tmp_path / "missing" / "steps.jsonl"
-    with pytest.raises(UserError, match=rf"{path}: cannot write the step log"):
+    with pytest.raises(UserError, match=f"{re.escape(str(path))}: cannot write the step log"):
         with running_server(step_log=str(path)):
             pass
