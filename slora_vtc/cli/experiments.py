@@ -109,7 +109,8 @@ def add_memory_args(p) -> None:
         choices=["on", "off"],
         default="off",
         help="share the K/V of common prompt prefixes through a radix tree in the pool "
-        "(default off: the paper's engine)",
+        "(default off: the paper's engine); under --batching chunked, as vLLM's prefix cache, a "
+        "preempted request also finds its own K/V again",
     )
     p.add_argument(
         "--admission",

@@ -57,6 +57,13 @@ def id_array(tokens: Sequence[int]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)
 
 
+def with_own(ids: np.ndarray, owner: int, length: int) -> np.ndarray:
+    """`ids`, then `owner`'s own id up to `length` ids (no copy when there is none to add)."""
+    if len(ids) >= length:
+        return ids
+    return np.concatenate([ids, np.full(length - len(ids), owner, dtype=np.int64)])
+
+
 def _matched(node: Node, ids: np.ndarray, raw: bytes, pos: int) -> int:
     """Tokens of node's edge that ids[pos:] starts with."""
     if raw.startswith(node.raw, pos * ids.itemsize):

@@ -191,6 +191,7 @@ def test_the_engine_schedules_what_vllms_step_rule_schedules(shapes, block, budg
 # -- runs of the simulator ------------------------------------------------------------------------
 SIM_CASES = [
     ("overload", "vtc", {}),
+    ("overload", "vtc", {"prefix_cache": True}),
     ("overload", "fcfs", {}),
     ("overload_weighted", "wvtc:1,2,3,4", {}),
     ("overload", "vtc", {"cost": "profile"}),
@@ -229,6 +230,20 @@ def test_a_simulated_run_ends_clean(prefix_cache):
     assert_clean(engine, requests)
     assert len(ended) == len(requests)
     assert any(r.preemptions for r in requests) or prefix_cache  # overload on 10,000 tokens preempts
+
+
+def test_a_preempted_request_without_ids_finds_its_own_blocks_again():
+    """vLLM's prefix cache knows each block by its tokens, so a preempted request finds its blocks
+    again though nobody shares its prompt (the overload suite's prompts are lengths: none is shared)."""
+
+    def responses(prefix_cache: bool):
+        return run_experiment(chunked_experiment("overload", "vtc", {"prefix_cache": prefix_cache})).responses
+
+    with_cache, without = responses(True), responses(False)
+    assert any(r.preemptions for r in without) and not any(r.cached_tokens for r in without)
+    reused = [r for r in with_cache if r.cached_tokens]
+    assert reused and all(r.preemptions for r in reused)  # a hit is always a preempted request's own blocks
+    assert sum(r.recomputed for r in with_cache) < sum(r.recomputed for r in without)
 
 
 # -- charging ------------------------------------------------------------------------------------

@@ -170,6 +170,26 @@ def test_an_admitted_request_reuses_the_cached_slots():
     assert c.cached_len == 599
 
 
+def test_a_prompt_given_as_a_length_finds_only_its_own_kv_again():
+    """vLLM knows every block by its tokens, so a preempted request's blocks are found again even when
+    nobody shares its prompt. Worked by hand: blocks of 16; a 100-token prompt without ids, then 29
+    decodes, leaves K/V at 129 positions (its newest token's is not computed); back from the
+    preemption its prefill covers 130 tokens, of which the cache holds 129, used in whole blocks: 128.
+    Another 100-token prompt without ids shares none of them."""
+    memory = MemoryManager(TokenPool(1000), 0, cache=True, hit_unit=16, own_ids=True)
+    a, b = Request("x", 100, 50, 0.0, rid=0), Request("y", 100, 50, 0.0, rid=1)
+    memory.start(a)
+    memory.grow(a, 100, 112)
+    memory.cache_prefill([a])
+    a.append_token(None, 0.0)
+    memory.grow(a, 29, 32)
+    a.generated += 29
+    memory.release(a)  # preempted: its K/V stay cached, no request holds them
+    assert memory.available == 1000
+    assert memory.cached_len(a) == 128
+    assert memory.cached_len(b) == 0
+
+
 # -- whole runs -----------------------------------------------------------------------------
 def _prefix_workload(seed: int, n: int, docs: int, doc_len: int, max_new: int) -> list[Request]:
     rng = np.random.default_rng(seed)
