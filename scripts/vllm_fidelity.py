@@ -16,8 +16,11 @@
 3. Replays each workload through vLLM with the plugin's `vtc` (the same server) and then `fcfs` (a
    second start), with bench-http, each run with prompts of its own (`--prompt-seed`: vLLM's prefix
    cache, on as by default, finds nothing of an earlier run's), until every request has finished.
+   Then, under memory pressure, three of them again through `vtc` on a third start whose KV cache is
+   cut to SMALL_KV_BLOCKS blocks (`--num-gpu-blocks-override`), so that vLLM preempts.
 4. Simulates each run: `slora-vtc replay TRACE --batching chunked --testbed TESTBED` with vLLM's
-   step settings and KV cache size (read from its log), and compares: throughput (prompt and output
+   step settings, KV cache size (read from its log) and prefix cache (on, as vLLM's: a preempted
+   request finds its own blocks again), and compares: throughput (prompt and output
    tokens over the time to the last finish) within 5%, each tenant's share of the service while
    requests arrive within 3 points, each tenant's mean time to first token within 10% or 0.5 s
    (tenants with at least 20 finished requests). Beside each prediction, how much it moves when the
@@ -26,7 +29,8 @@
    seeds. A miss far outside that band is the simulator's, not the arrivals' timing. And each run
    simulated again at the speed vLLM's steps ran at during it (the testbed's step times multiplied by
    that run's measured / calibrated ratio): what is left of an error then is not the machine's drift
-   since the calibration.
+   since the calibration. The runs under memory pressure also count preemptions (vLLM's from its step
+   log, the simulator's from its result file), and are simulated once more without the prefix cache.
 
 Writes benchmarks/results/vllm_fidelity/ (traces, result files, the calibration's steps, the testbed) and
 benchmarks/results/vllm_fidelity.json (what docs/vllm.md and paper_repro.md quote). Run it on a quiet
@@ -77,6 +81,11 @@ WORKLOADS = {
     "real": (0.0, None),
 }
 SCHEDULERS = ("vtc", "fcfs")  # the first also serves the calibration run
+# one more server under memory pressure: the plugin's vtc with vLLM's KV cache cut to this many blocks, so that
+# it preempts; the workloads it replays (the same traces)
+SMALL_KV = "vtc-small-kv"
+SMALL_KV_BLOCKS = 24
+SMALL_KV_WORKLOADS = ("overload", "poisson_short_long_2", "real")
 TARGETS = {"throughput": 0.05, "share_points": 3.0, "ttft_relative": 0.10, "ttft_absolute_s": 0.5}
 MIN_REQUESTS = 20  # a tenant's mean TTFT is compared from this many finished requests
 RATIO_WINDOW_S = 4.0  # each run's step-time ratio is also recorded over windows this long
@@ -101,10 +110,13 @@ class Settings:
             "--block-size", str(self.block_size),
         ]  # fmt: skip
 
-    def sim_args(self) -> list[str]:
+    def sim_args(self, prefix_cache: bool = True) -> list[str]:
+        """vLLM's step settings, and its prefix cache (on by default): a preempted request's blocks stay
+        cached, and its next prefill finds them."""
         return [
             "--batching", "chunked", "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens), "--block-size", str(self.block_size),
+            "--prefix-cache", "on" if prefix_cache else "off",
         ]  # fmt: skip
 
 
@@ -146,12 +158,13 @@ def simulate(
     duration: float,
     horizon=None,
     jitter: tuple[float, int] | None = None,
+    prefix_cache: bool = True,
 ) -> Path:
     """`slora-vtc replay` of the trace, as vLLM served it: its step settings, pool, no adapters, no
     BOS added (bench-http sends token ids), cut at the deadline; `jitter`: (ms, seed) of `--jitter-ms`."""
     cmd = [sys.executable, "-m", "slora_vtc", "replay", str(trace), "--scheduler", scheduler]
     cmd += ["--testbed", str(testbed), "--pool-tokens", str(pool), "--added-tokens", "0", "--adapters", "0"]
-    cmd += [*s.sim_args(), "--out", str(out)]
+    cmd += [*s.sim_args(prefix_cache), "--out", str(out)]
     cmd += ["--duration", str(duration), "--horizon", str(horizon or s.deadline)]
     if jitter is not None:
         cmd += ["--jitter-ms", str(jitter[0]), "--seed", str(jitter[1])]
@@ -189,32 +202,36 @@ def kv_cache_tokens(log: Path) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def serve_runs(args, s: Settings, scheduler: str, runs: list[str], calibrate: bool) -> dict:
-    """One vLLM start with the plugin running `scheduler`: the calibration run first if asked, then
-    the workloads already written; returns what the runs need to be simulated."""
-    step_log = args.logs / f"steps_{scheduler}.jsonl"  # beside vLLM's log; the calibration's steps are kept
+def serve_runs(args, s: Settings, label: str, runs: list[str], calibrate: bool, blocks: int | None = None) -> dict:
+    """One vLLM start with the plugin running the scheduler `label` names (its first word), its KV
+    cache cut to `blocks` if given: the calibration run first if asked, then the workloads already
+    written; returns what the runs need to be simulated."""
+    scheduler = label.split("-")[0]
+    step_log = args.logs / f"steps_{label}.jsonl"  # beside vLLM's log; the calibration's steps are kept
     config = {"scheduler": scheduler, "step_log": str(step_log)}
     url = f"http://127.0.0.1:{s.port}"
-    cmd = vllm_command(
-        args.vllm_python, str(args.model_dir), s.port, s.max_num_seqs, [*plugin_args(config), *s.vllm_args()]
-    )
+    extra = [*plugin_args(config), *s.vllm_args()]
+    if blocks is not None:
+        extra += ["--num-gpu-blocks-override", str(blocks)]
+    cmd = vllm_command(args.vllm_python, str(args.model_dir), s.port, s.max_num_seqs, extra)
     env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO)}
-    with server(f"vllm-{scheduler}", cmd, env, f"{url}/v1/models", args.logs) as log:
+    with server(f"vllm-{label}", cmd, env, f"{url}/v1/models", args.logs) as log:
         warm_up(url)
         pool = kv_cache_tokens(log)
         if calibrate:
             calibrate_on(url, step_log, s)
             runs = write_workloads(s, pool)
-        conditions = {name: one_run(url, step_log, scheduler, k, name, s) for k, name in enumerate(runs)}
-    return {"pool_tokens": pool, "runs": conditions}
+        conditions = {name: one_run(url, step_log, label, k, name, s) for k, name in enumerate(runs)}
+    return {"scheduler": scheduler, "pool_tokens": pool, "runs": conditions}
 
 
-def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Settings) -> dict:
+def one_run(url: str, step_log: Path, label: str, k: int, name: str, s: Settings) -> dict:
     """bench-http of one workload, with prompts this server never saw (no prefix-cache hit across runs);
-    how the machine ran it: the load average, and how long vLLM's steps took against the calibrated
-    model's time for the same steps (1: as during the calibration; above: the machine was slower)."""
-    print(f"[vllm-{scheduler}] {name}", flush=True)
-    out, seed = OUT / f"{name}_{scheduler}.vllm.jsonl", 10 * (SCHEDULERS.index(scheduler) + 1) + k
+    how the machine ran it: the load average, how long vLLM's steps took against the calibrated
+    model's time for the same steps (1: as during the calibration; above: the machine was slower), and
+    how many requests vLLM preempted."""
+    print(f"[vllm-{label}] {name}", flush=True)
+    out, seed = OUT / f"{name}_{label}.vllm.jsonl", 10 * ([*SCHEDULERS, SMALL_KV].index(label) + 1) + k
     before, load = _lines(step_log), os.getloadavg()[0]
     bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
     steps = read_step_log(step_log)[before:]  # one line a step: the lines after `before` are the run's
@@ -224,6 +241,7 @@ def one_run(url: str, step_log: Path, scheduler: str, k: int, name: str, s: Sett
         "step_time_ratio": _step_ratio(steps, model),
         "step_time_ratio_by_window": _step_ratio_by_window(steps, model),
         "decode_context_p10_p90": context_range(steps),
+        "vllm_preempted": sum(step.preempted for step in steps),
     }
 
 
@@ -305,6 +323,7 @@ def observed(path: Path, seconds: float) -> dict:
         "ttft_mean_s": {c: metrics.mean_response_time(result, c) for c in result.clients},
         "finished": finished,
         "counts": {k: result.count(k) for k in ("finished", "aborted", "rejected")},
+        "preemptions": int(result.array("preemptions").sum()),  # the simulator's (vLLM's come from its step log)
     }
 
 
@@ -329,22 +348,29 @@ def verdict(real: dict, sim: dict) -> dict:
 
 def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
     testbed, table = OUT / "testbed.json", {}
-    for scheduler, info in runs.items():
-        for name, seconds in arrivals_s.items():
-            real, trace = OUT / f"{name}_{scheduler}.vllm.jsonl", OUT / f"{name}.trace.jsonl"
-            out = OUT / f"{name}_{scheduler}.sim.jsonl"
+    for label, info in runs.items():
+        scheduler = info.get("scheduler", label)
+        for name in info["runs"]:
+            seconds = arrivals_s[name]
+            real, trace = OUT / f"{name}_{label}.vllm.jsonl", OUT / f"{name}.trace.jsonl"
+            out = OUT / f"{name}_{label}.sim.jsonl"
             sim = simulate(trace, scheduler, testbed, info["pool_tokens"], s, out, duration=seconds)
             measured, predicted = observed(real, seconds), observed(sim, seconds)
             machine = info.get("runs", {}).get(name, {})
-            row = table[f"{name}/{scheduler}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
+            row = table[f"{name}/{label}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
             row.update(machine)
             band = jitter_band(trace, scheduler, testbed, info["pool_tokens"], s, seconds)
             row["ttft_jitter_band"] = {tenant: band[tenant] for tenant in row["ttft_pairs"]}
             if "step_time_ratio" in machine:
                 ratio = machine["step_time_ratio"]
                 at_speed = at_run_speed(trace, scheduler, testbed, info["pool_tokens"], s, seconds, ratio)
-                row["at_run_speed"] = verdict(measured, at_speed)
-            print(_row(name, scheduler, row), flush=True)
+                row["at_run_speed"] = {**verdict(measured, at_speed), "preemptions": at_speed["preemptions"]}
+            if label == SMALL_KV and "step_time_ratio" in machine:  # as it simulated before it kept a preempted
+                # request's blocks (every preempted request computed again from 0), at the run's speed too
+                pool, ratio = info["pool_tokens"], machine["step_time_ratio"]
+                without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
+                row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
+            print(_row(name, label, row), flush=True)
     return table
 
 
@@ -363,7 +389,14 @@ def jitter_band(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settin
 
 
 def at_run_speed(
-    trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, seconds: float, ratio: float
+    trace: Path,
+    scheduler: str,
+    testbed: Path,
+    pool: int,
+    s: Settings,
+    seconds: float,
+    ratio: float,
+    prefix_cache: bool = True,
 ) -> dict:
     """What the simulator predicts for the run with its step times scaled to the run's measured speed
     (`ratio`, the run's step_time_ratio: vLLM's steps in the run over the calibrated model's time for them)."""
@@ -373,7 +406,8 @@ def at_run_speed(
     with tempfile.TemporaryDirectory() as folder:
         scaled = Path(folder) / "testbed.json"
         scaled.write_text(json.dumps(model))
-        return observed(simulate(trace, scheduler, scaled, pool, s, Path(folder) / "sim.jsonl", seconds), seconds)
+        out = Path(folder) / "sim.jsonl"
+        return observed(simulate(trace, scheduler, scaled, pool, s, out, seconds, prefix_cache=prefix_cache), seconds)
 
 
 def machine_speed(runs: dict) -> dict:
@@ -412,6 +446,31 @@ def markdown_table(runs: dict) -> str:
         lines.append(
             f"| {name} | {scheduler} | {real:,.0f}, {sim:,.0f} ({row['throughput_error']:+.1%}) "
             f"| {row['share_points']:.1f} points | {ttft} | {_verdict_words(row)} | {_machine_words(row)} |"
+        )
+    return "\n".join(lines) + "\n" + _pressure_table(runs)
+
+
+def _pressure_table(runs: dict) -> str:
+    """The runs under memory pressure: how often vLLM and the simulator preempted, and what the
+    simulator predicts without the prefix cache (every preempted request computed again from 0)."""
+    rows = [(key.split("/")[0], row) for key, row in runs.items() if "without_prefix_cache" in row]
+    if not rows:
+        return ""
+    lines = [
+        "",
+        f"Under memory pressure (`{SMALL_KV}`: vLLM's KV cache cut to {SMALL_KV_BLOCKS} blocks):",
+        "",
+        "| workload | requests preempted: vLLM, simulated (at the run's speed) "
+        "| at the run's speed without the prefix cache: preempted; tokens/s, shares, mean TTFT (s) |",
+        "|---|---|---|",
+    ]
+    for name, row in rows:
+        without = row["without_prefix_cache"]
+        ttft = "; ".join(f"{c} {v['sim']:.2f}" for c, v in without["ttft_pairs"].items()) or "none"
+        lines.append(
+            f"| {name} | {row['vllm_preempted']}, {row['sim']['preemptions']} ({row['at_run_speed']['preemptions']}) "
+            f"| {without['preemptions']}; {without['throughput_error']:+.1%}, {without['share_points']:.1f} points, "
+            f"TTFT {ttft}: {_verdict_words(without)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -452,6 +511,42 @@ def within_targets(runs: dict) -> dict[str, int]:
     }
 
 
+def memory_pressure(runs: dict) -> dict:
+    """Of the runs under memory pressure: preemptions in all (vLLM, simulated, simulated at the runs'
+    speed, simulated without the prefix cache) and how many runs each prediction had within all three targets."""
+    rows = [row for row in runs.values() if "without_prefix_cache" in row]
+    keys = [key for _, key in CHECKS]
+
+    def within(verdicts) -> int:
+        return sum(all(v[key] for key in keys) for v in verdicts)
+
+    return {
+        "runs": len(rows),
+        "blocks": SMALL_KV_BLOCKS,
+        "preempted": {
+            "vllm": sum(row["vllm_preempted"] for row in rows),
+            "sim": sum(row["sim"]["preemptions"] for row in rows),
+            "at_run_speed": sum(row["at_run_speed"]["preemptions"] for row in rows),
+            "without_prefix_cache": sum(row["without_prefix_cache"]["preemptions"] for row in rows),
+        },
+        "within_all": {
+            "sim": within(rows),
+            "at_run_speed": within(row["at_run_speed"] for row in rows),
+            "without_prefix_cache": within(row["without_prefix_cache"] for row in rows),  # at the runs' speed
+        },
+        "throughput_error": {  # the lowest and the highest of the runs
+            "sim": _spread(row["throughput_error"] for row in rows),
+            "at_run_speed": _spread(row["at_run_speed"]["throughput_error"] for row in rows),
+            "without_prefix_cache": _spread(row["without_prefix_cache"]["throughput_error"] for row in rows),
+        },
+    }
+
+
+def _spread(values) -> list[float] | None:
+    values = list(values)
+    return [min(values), max(values)] if values else None
+
+
 def _verdict_words(row: dict) -> str:
     missed = [what for what, key in CHECKS if not row[key]]
     return "yes" if not missed else "no: " + ", ".join(missed)
@@ -482,6 +577,7 @@ def main() -> int:
     record["within_targets"] = within_targets(record["runs"])
     record["jitter"] = {"ms": JITTER_MS, "seeds": JITTER_SEEDS}
     record["speed"] = machine_speed(record["runs"])
+    record["memory_pressure"] = memory_pressure(record["runs"])
     record["ttft_jitter_band_widest_s"] = max(
         high - low for row in record["runs"].values() for low, high in row["ttft_jitter_band"].values()
     )
@@ -499,6 +595,7 @@ def measure(args, s: Settings) -> dict:
     servers = {}
     for k, scheduler in enumerate(SCHEDULERS):
         servers[scheduler] = serve_runs(args, s, scheduler, [] if k == 0 else list(WORKLOADS), calibrate=k == 0)
+    servers[SMALL_KV] = serve_runs(args, s, SMALL_KV, list(SMALL_KV_WORKLOADS), calibrate=False, blocks=SMALL_KV_BLOCKS)
     return {
         "machine": machine_info(),
         "settings": asdict(s),
