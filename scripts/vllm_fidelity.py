@@ -196,10 +196,17 @@ def _throughput(path: Path) -> float:
 
 
 def kv_cache_tokens(log: Path) -> int:
+    """The KV cache size vLLM's log states (its blocks x the block size)."""
     found = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
     if not found:
         raise RuntimeError(f"{log}: vLLM's log does not say its KV cache size")
     return int(found.group(1).replace(",", ""))
+
+
+def usable_tokens(kv_cache_tokens: int, s: Settings) -> int:
+    """What requests can hold of vLLM's KV cache, the simulator's pool: one block is vLLM's null
+    block, never handed out (its step log's kv_tokens never exceeds the rest)."""
+    return kv_cache_tokens - s.block_size
 
 
 def serve_runs(args, s: Settings, label: str, runs: list[str], calibrate: bool, blocks: int | None = None) -> dict:
@@ -220,7 +227,7 @@ def serve_runs(args, s: Settings, label: str, runs: list[str], calibrate: bool, 
         pool = kv_cache_tokens(log)
         if calibrate:
             calibrate_on(url, step_log, s)
-            runs = write_workloads(s, pool)
+            runs = write_workloads(s, usable_tokens(pool, s))
         conditions = {name: one_run(url, step_log, label, k, name, s) for k, name in enumerate(runs)}
     return {"scheduler": scheduler, "pool_tokens": pool, "runs": conditions}
 
@@ -349,25 +356,25 @@ def verdict(real: dict, sim: dict) -> dict:
 def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
     testbed, table = OUT / "testbed.json", {}
     for label, info in runs.items():
-        scheduler = info.get("scheduler", label)
+        scheduler, pool = info.get("scheduler", label), usable_tokens(info["pool_tokens"], s)
         for name in info["runs"]:
             seconds = arrivals_s[name]
             real, trace = OUT / f"{name}_{label}.vllm.jsonl", OUT / f"{name}.trace.jsonl"
             out = OUT / f"{name}_{label}.sim.jsonl"
-            sim = simulate(trace, scheduler, testbed, info["pool_tokens"], s, out, duration=seconds)
+            sim = simulate(trace, scheduler, testbed, pool, s, out, duration=seconds)
             measured, predicted = observed(real, seconds), observed(sim, seconds)
             machine = info.get("runs", {}).get(name, {})
             row = table[f"{name}/{label}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
             row.update(machine)
-            band = jitter_band(trace, scheduler, testbed, info["pool_tokens"], s, seconds)
+            band = jitter_band(trace, scheduler, testbed, pool, s, seconds)
             row["ttft_jitter_band"] = {tenant: band[tenant] for tenant in row["ttft_pairs"]}
             if "step_time_ratio" in machine:
                 ratio = machine["step_time_ratio"]
-                at_speed = at_run_speed(trace, scheduler, testbed, info["pool_tokens"], s, seconds, ratio)
+                at_speed = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio)
                 row["at_run_speed"] = {**verdict(measured, at_speed), "preemptions": at_speed["preemptions"]}
             if label == SMALL_KV and "step_time_ratio" in machine:  # as it simulated before it kept a preempted
                 # request's blocks (every preempted request computed again from 0), at the run's speed too
-                pool, ratio = info["pool_tokens"], machine["step_time_ratio"]
+                ratio = machine["step_time_ratio"]
                 without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
                 row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
             print(_row(name, label, row), flush=True)

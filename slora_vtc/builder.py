@@ -44,5 +44,5 @@ def build_memory(config: EngineConfig, backend: ModelBackend) -> MemoryManager:
     return MemoryManager(
         TokenPool(config.pool_tokens), config.slots_of, on_load=backend.load_adapter, cache=config.prefix_cache,
         hit_unit=config.block_size if config.chunked else 1,
-        own_ids=config.chunked,
+        vllm_cache=config.chunked,
     )  # fmt: skip

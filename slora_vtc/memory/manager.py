@@ -28,8 +28,10 @@ class MemoryManager:
     then either the tree's or the request's own; `release` frees only the request's own. A hit is
     used in whole multiples of `hit_unit` tokens (chunked batching's block: vLLM reuses whole blocks
     only, so that a request's own blocks start at a block's start; 1 in S-LoRA's loop). With
-    `own_ids` (chunked batching: vLLM's cache knows every block by its tokens) tokens whose ids
-    nobody knows are cached too, as the request's own (`cache_ids`).
+    `vllm_cache` (chunked batching) the cache behaves as vLLM's, which knows every block by its
+    tokens: tokens whose ids nobody knows are cached too, as the request's own (`cache_ids`), and
+    an allocation evicts only what it needs, from a leaf's end (vLLM frees a request's blocks tail
+    first); otherwise whole leaves go, as in SGLang's radix cache.
 
     On a CountingPool (a simulated backend without the cache: nothing reads slot ids) a request's
     `kv_slots` stay empty and the manager counts the slots it holds; the pool's counts are the same.
@@ -42,7 +44,7 @@ class MemoryManager:
         on_load: AdapterHook | None = None,
         cache: bool = False,
         hit_unit: int = 1,
-        own_ids: bool = False,
+        vllm_cache: bool = False,
     ):
         if not pool.hands_out_ids and (cache or on_load is not None):
             raise ValueError("the prefix cache and adapter loading need slot ids: give the manager a TokenPool")
@@ -56,10 +58,10 @@ class MemoryManager:
         if cache:
             from slora_vtc.memory.radix import RadixCache, id_array, with_own
 
-            self.cache, self._id_array, self._with_own = RadixCache(pool), id_array, with_own
+            self.cache, self._id_array, self._with_own = RadixCache(pool, vllm_cache), id_array, with_own
         # with a cache: cache_ids of each request asked, until it leaves (and whether its prompt's ids were known)
         self._id_arrays: dict[int, tuple["np.ndarray", bool]] = {}
-        self.hit_unit, self.own_ids = hit_unit, own_ids
+        self.hit_unit, self.vllm_cache = hit_unit, vllm_cache
         self._own: dict[int, list[int]] = {}  # with a cache: each running request's own slots
         self._node: dict[int, "Node"] = {}  # with a cache: the deepest tree node each running request locks
         self._matched: dict[
@@ -250,18 +252,18 @@ class MemoryManager:
     # -- helpers ----------------------------------------------------------------------------
     def cache_ids(self, req: Request) -> "np.ndarray | None":
         """The ids the cache knows the request by (prompt, then generated), as an array; None without
-        a cache, and for a prompt given as a length unless `own_ids`. Kept until the request grows or
+        a cache, and for a prompt given as a length unless `vllm_cache`. Kept until the request grows or
         leaves: converting a long prompt takes time of its length, and every admission attempt and
         look-ahead asks for a waiting request's.
 
-        With `own_ids`, tokens whose ids nobody knows (a prompt given as a length, tokens a simulator
+        With `vllm_cache`, tokens whose ids nobody knows (a prompt given as a length, tokens a simulator
         counted without producing them) are the request's own: the id -1 - rid, which no token and no
         other request has. Nobody shares them, but the request finds its own K/V again after a
         preemption, as vLLM's prefix cache (each block known by its tokens) finds a preempted request's."""
         known = req.prompt_ids is not None
-        if not self.cache or not (known or self.own_ids):
+        if not self.cache or not (known or self.vllm_cache):
             return None
-        length = req.prompt_len + req.generated if self.own_ids else len(req.prompt_ids) + len(req.output_ids)
+        length = req.prompt_len + req.generated if self.vllm_cache else len(req.prompt_ids) + len(req.output_ids)
         kept = self._id_arrays.get(req.rid)
         if kept is None or kept[1] != known or len(kept[0]) != length:
             ids = self._id_array((req.token_ids() if req.output_ids else req.prompt_ids) if known else ())

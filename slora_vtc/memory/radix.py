@@ -3,7 +3,9 @@
 One tree per adapter (a LoRA changes K and V, so a prefix is only shared between requests of the
 same adapter). A node's edge is a run of token ids and the pool slots holding their K/V. A running
 request locks the path it reads (a reference count on every node of it); unlocked nodes stay
-cached and are evicted, least recently used leaf first, when the pool needs room.
+cached and are evicted, least recently used leaf first, when the pool needs room: a whole leaf at a
+time (SGLang's radix cache), or with `trim_leaves` only what is needed, from the leaf's end (vLLM,
+which frees a request's blocks tail first and evicts block by block).
 
 `locked` counts every slot on a locked path once, however many requests share it; the admission
 check reserves exactly that, and treats the rest of the tree (`evictable`) as free.
@@ -79,8 +81,11 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class RadixCache:
-    def __init__(self, pool: TokenPool):
-        self.pool = pool
+    """`trim_leaves`: evict from a leaf's end only what is needed (vLLM frees a request's blocks tail
+    first and evicts block by block); without it a leaf goes whole (SGLang's radix cache)."""
+
+    def __init__(self, pool: TokenPool, trim_leaves: bool = False):
+        self.pool, self.trim_leaves = pool, trim_leaves
         self._roots: dict[str | None, Node] = {}
         self._clock = count(1)  # an access counter, not time: LRU only needs an order
         self._serials = count(1)
@@ -219,6 +224,10 @@ class RadixCache:
             _, node = heapq.heappop(heap)
             if not self._is_evictable(node):
                 continue
+            if self.trim_leaves and len(node) > need - freed:
+                freed += self._trim(node, need - freed)
+                heap.append((node.last_use, node))  # still a leaf, what is left of it
+                break
             freed += self._remove(node)
             parent = node.parent
             if parent.parent is not None and self._is_evictable(parent):
@@ -237,6 +246,14 @@ class RadixCache:
             and node.parent is not None
             and node.parent.children.get(int(node.key[0])) is node
         )
+
+    def _trim(self, node: Node, n: int) -> int:
+        """Evict the last n tokens of a leaf's edge."""
+        self.pool.free(node.slots[-n:])
+        node.key, node.slots, node._raw = node.key[:-n], node.slots[:-n], None
+        self.size -= n
+        self._evictions[node.adapter] = self._evictions.get(node.adapter, 0) + 1
+        return n
 
     def _remove(self, node: Node) -> int:
         del node.parent.children[int(node.key[0])]

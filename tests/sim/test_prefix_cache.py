@@ -56,11 +56,12 @@ ops = st.lists(
 )
 
 
+@pytest.mark.parametrize("trim_leaves", [False, True])
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_radix_tree_matches_a_brute_force_model(program):
+@given(program=ops)
+def test_radix_tree_matches_a_brute_force_model(trim_leaves, program):
     pool = TokenPool(400)
-    cache = RadixCache(pool)
+    cache = RadixCache(pool, trim_leaves=trim_leaves)
     model: dict[tuple, int] = {}  # (adapter, prefix) -> slot of its last token
     locks = []  # (node handle, adapter, matched prefix)
     for op in program:
@@ -86,6 +87,7 @@ def test_radix_tree_matches_a_brute_force_model(program):
             before = cache.evictable
             freed = cache.evict(op[1])
             assert freed >= min(op[1], before)
+            assert freed == min(op[1], before) or not trim_leaves  # trimmed: exactly what was asked
             remaining = tree_entries(cache)
             locked = {(a, p[: j + 1]) for _, a, p in locks for j in range(len(p))}
             assert locked <= set(remaining), "a locked prefix was evicted"
@@ -113,6 +115,20 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     assert cache.evict(1) == 3
     assert cache.match_len(None, (2, 2, 2)) == 0
     assert cache.match_len(None, (1, 1, 1)) == 3 and cache.match_len(None, (3, 3, 3)) == 3
+
+
+def test_a_trimmed_leaf_loses_only_its_last_tokens():
+    """vLLM frees a request's blocks tail first and evicts only what an allocation needs: the same
+    three leaves as above, 4 tokens asked for: the least recent leaf (2, 2, 2) goes whole (3), then
+    1 token from the end of the next least recent, (3, 3, 3)."""
+    pool = TokenPool(100)
+    cache = RadixCache(pool, trim_leaves=True)
+    for seq in ((1, 1, 1), (2, 2, 2), (3, 3, 3)):
+        cache.insert(None, seq, pool.alloc(3))
+    node, _ = cache.acquire(None, (1, 1, 1))
+    cache.unlock(node)
+    assert cache.evict(4) == 4 and pool.num_used == 5
+    assert [cache.match_len(None, seq) for seq in ((1, 1, 1), (2, 2, 2), (3, 3, 3))] == [3, 0, 2]
 
 
 def test_a_prefix_is_shared_only_within_one_adapter():
@@ -176,7 +192,7 @@ def test_a_prompt_given_as_a_length_finds_only_its_own_kv_again():
     decodes, leaves K/V at 129 positions (its newest token's is not computed); back from the
     preemption its prefill covers 130 tokens, of which the cache holds 129, used in whole blocks: 128.
     Another 100-token prompt without ids shares none of them."""
-    memory = MemoryManager(TokenPool(1000), 0, cache=True, hit_unit=16, own_ids=True)
+    memory = MemoryManager(TokenPool(1000), 0, cache=True, hit_unit=16, vllm_cache=True)
     a, b = Request("x", 100, 50, 0.0, rid=0), Request("y", 100, 50, 0.0, rid=1)
     memory.start(a)
     memory.grow(a, 100, 112)
