@@ -2,10 +2,11 @@
 that single steps of slora_vtc/chunked.py would run alike run as one, with the same results.
 
 Alike means: nothing in prefill, every running request decoding within the token budget, no request
-short of a block (no preemption; with the prefix cache, no eviction either), and nothing admitted from
-the waiting queue: none can be (the budget or the sequence cap is used up, or not a block is free),
-or the request the scheduler would try at each step (`LookAhead.heads`) provably does not fit. The
-steps end at the first finish, and the backend stops them at the next arrival (`decode_run`).
+short of a block (no preemption; with the prefix cache, no eviction either, unless its evictions
+are its single steps': `_may_evict`), and nothing admitted from the waiting queue: none can be (the
+budget or the sequence cap is used up, or not a block is free), or the request the scheduler would
+try at each step (`LookAhead.heads`) provably does not fit. The steps end at the first finish, and
+the backend stops them at the next arrival (`decode_run`).
 """
 
 from bisect import bisect_left
@@ -75,18 +76,33 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
     bs = config.block_size
     spare = spare_slots(running, bs)
     blocks = DecodeBlocks(spare, bs)
-    room = memory.pool.num_free if memory.cache is not None else memory.available
-    steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
+    evicts = _may_evict(memory, eng.scheduler, admits)
+    steps = min(to_finish, blocks.steps_taking_at_most((memory.available if evicts else memory.pool.num_free) // bs))
     if steps and admits and eng.scheduler.num_waiting():
-        steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n)
+        steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n, evicts)
     return Alike(steps, to_finish, spare)
 
 
-def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int) -> int:
+def _may_evict(memory, scheduler, admits: bool) -> bool:
+    """Whether alike steps may take evictable slots too. Without the prefix cache there are none.
+    With it, an eviction shrinks what waiting requests would find cached, which a macro-step must not
+    hide from the steps that would see it; it may when evictions trim leaves (chunked batching: a
+    macro-step's allocation then evicts what its single steps' would, the same tokens in the same
+    order, as nothing touches the tree in between) and nothing can be admitted, or the scheduler's
+    order does not read the cache (then `_until_admission` checks a bound that evictions cannot lower)."""
+    if memory.cache is None:
+        return True
+    return memory.cache.trim_leaves and (not admits or not scheduler.traits.needs_token_ids)
+
+
+def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int, evicts: bool) -> int:
     """The decode steps before the first at which the waiting pass might admit its head (steps if
     at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
-    leaves available, which only falls: a head that does not fit at its first step never does."""
+    leaves available, which only falls: a head that does not fit at its first step never does.
+    Where the steps may evict (`evicts`, with the prefix cache) a head's hit may shrink on the way,
+    and with it the cached slots it would lock: its need is bounded below by its first chunk's slots
+    at today's hit (the chunk only grows as the hit shrinks), the locking left out."""
     eng, memory, config = chunked.engine, chunked.engine.memory, chunked.config
     view = CacheHits(memory)
     heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
@@ -96,7 +112,9 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
     for s, req in heads:
         if s >= steps:
             break
-        need = config.round_up(min(req.prefill_len - view.cached_len(req), budget)) + memory.start_cost(req)
+        need = config.round_up(min(req.prefill_len - view.cached_len(req), budget))
+        if not (evicts and memory.cache is not None):
+            need += memory.start_cost(req)
         if need <= available - config.block_size * blocks.within(s + 1):
             return s
     return steps
