@@ -372,11 +372,9 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
                 ratio = machine["step_time_ratio"]
                 at_speed = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio)
                 row["at_run_speed"] = {**verdict(measured, at_speed), "preemptions": at_speed["preemptions"]}
-            if label == SMALL_KV and "step_time_ratio" in machine:  # as it simulated before it kept a preempted
-                # request's blocks (every preempted request computed again from 0), at the run's speed too
-                ratio = machine["step_time_ratio"]
-                without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
-                row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
+                if label == SMALL_KV:  # at that speed without the prefix cache: every victim computed again from 0
+                    without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
+                    row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
             print(_row(name, label, row), flush=True)
     return table
 
