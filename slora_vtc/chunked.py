@@ -2,16 +2,18 @@
 "Chunked batching"). The Engine delegates its step here when `config.batching == "chunked"`.
 
 Each step has a token budget (`max_num_batched_tokens`). Running requests come first, in the order
-they were scheduled: a decode takes one token, a request still in its prefill its next chunk, as much
-of the rest of its prefill as the budget leaves. Then, unless this step preempted, waiting requests
-in the scheduler's order (peek, pop), each taking what is left of the budget, while fewer than
-`max_num_seqs` run. Memory is allocated in blocks of `block_size` tokens for the tokens a step
-computes. When a running request cannot get its blocks, the scheduler's victim (`choose_victim`
-among every running request) is preempted by recompute, again until the request fits or is itself
-the victim, which ends the running pass; a victim already scheduled this step is taken back, its
-tokens returned to the budget (what vLLM does when its priority policy chooses victims) and its
-slots unwritten (nothing was computed there). A waiting request that cannot get its blocks ends the
-waiting pass (head-of-line, as vLLM). With the prefix cache, hits count in whole blocks.
+they were scheduled: a decode takes one token, a request still in its prefill its next chunk, as
+much of the rest of its prefill as the budget leaves. Then, unless this step preempted, waiting
+requests in the scheduler's order (peek, pop), each taking what is left of the budget, while fewer
+than `max_num_seqs` run and the free blocks would hold its whole prefill, not only its first chunk
+(vLLM's default, `scheduler_reserve_full_isl`). Memory is allocated in blocks of `block_size` tokens
+for the tokens a step computes. When a running request cannot get its blocks, the scheduler's victim
+(`choose_victim` among every running request) is preempted by recompute, again until the request
+fits or is itself the victim, which ends the running pass; a victim already scheduled this step is
+taken back, its tokens returned to the budget (what vLLM does when its priority policy chooses
+victims) and its slots unwritten (nothing was computed there). A waiting request that cannot get its
+blocks ends the waiting pass (head-of-line, as vLLM). With the prefix cache, hits count in whole
+blocks.
 
 Charges, as the vLLM plugin charges inside vLLM (sched/prompt_charge.py): after scheduling, each
 prompt chunk reports the prefill so far and the report before it is refunded; a request back from a
@@ -232,8 +234,8 @@ class ChunkedBatching:
             cached = memory.cached_len(req)
             n = min(req.prefill_len - cached, budget)
             slots = config.round_up(n)
-            if slots + memory.start_cost(req) > memory.available:
-                break
+            if config.round_up(req.prefill_len - cached) + memory.start_cost(req) > memory.available:
+                break  # its whole prefill must fit, not only this chunk (vLLM's scheduler_reserve_full_isl)
             now = eng.clock.now()
             eng.scheduler.pop(req, now)
             memory.start(req)

@@ -80,7 +80,7 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
     evicts = _may_evict(memory, eng.scheduler, admits)
     steps = min(to_finish, blocks.steps_taking_at_most((memory.available if evicts else memory.pool.num_free) // bs))
     if steps and admits and eng.scheduler.num_waiting():
-        steps = _until_admission(chunked, blocks, steps, config.max_num_batched_tokens - n, evicts)
+        steps = _until_admission(chunked, blocks, steps, evicts)
     return Alike(steps, to_finish, spare)
 
 
@@ -96,13 +96,13 @@ def _may_evict(memory, scheduler, admits: bool) -> bool:
     return memory.cache.trim_leaves and (not admits or not scheduler.traits.needs_token_ids)
 
 
-def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, budget: int, evicts: bool) -> int:
+def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, evicts: bool) -> int:
     """The decode steps before the first at which the waiting pass might admit its head (steps if
     at none). Step j (from 1) peeks after j - 1 steps' charges, with what the running pass of j
     leaves available, which only falls: a head that does not fit at its first step never does.
-    Where the steps may evict (`evicts`, with the prefix cache) a head's hit may shrink on the way,
-    and with it the cached slots it would lock: its need is bounded below by its first chunk's slots
-    at today's hit (the chunk only grows as the hit shrinks), the locking left out."""
+    A head needs its whole prefill's blocks beyond its hit. Where the steps may evict (`evicts`,
+    with the prefix cache) that hit may shrink on the way, and with it the cached slots it would
+    lock: its need is bounded below by its blocks at today's hit, the locking left out."""
     eng, memory, config = chunked.engine, chunked.engine.memory, chunked.config
     view = CacheHits(memory)
     heads = eng.scheduler.heads(eng.running, steps, view) if eng.scheduler.traits.lookahead else None
@@ -112,7 +112,7 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
     for s, req in heads:
         if s >= steps:
             break
-        need = config.round_up(min(req.prefill_len - view.cached_len(req), budget))
+        need = config.round_up(req.prefill_len - view.cached_len(req))
         if not (evicts and memory.cache is not None):
             need += memory.start_cost(req)
         if need <= available - config.block_size * blocks.within(s + 1):

@@ -73,12 +73,13 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
     """vLLM v1's schedule() with FCFS, no prefix cache, one second per step: running requests first
     (each its remaining prefill or its decode token, within the budget; when its new blocks are not
     free, preempt the latest arrival that runs, taking back its tokens if it was scheduled this
-    step, until it fits or is itself preempted, as vLLM's priority policy does); then, if nothing was
-    preempted, waiting requests in arrival order while the budget, the sequence cap and the free
-    blocks allow; a step that scheduled nothing runs no forward pass. The victim rule is the
-    engine's default scheduler's (the latest arrival), not vLLM's FCFS policy's (the last in its
-    running list), so that a test can compare. Returns the steps and each request's end (with the
-    positions it computed again after preemptions)."""
+    step, until it fits or is itself preempted, as vLLM's priority policy does); then, if nothing
+    was preempted, waiting requests in arrival order while the budget and the sequence cap allow and
+    the free blocks would hold the whole prefill (vLLM 0.32's default, scheduler_reserve_full_isl);
+    a step that scheduled nothing runs no forward pass. The victim rule is the engine's default
+    scheduler's (the latest arrival), not vLLM's FCFS policy's (the last in its running list), so
+    that a test can compare. Returns the steps and each request's end (with the positions it
+    computed again after preemptions)."""
     blocks = pool // block
     seqs = [Seq(rid, a, p, o) for rid, (a, p, o) in enumerate(shapes)]
     pending = list(seqs)
@@ -133,7 +134,7 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
         while not preempted and left > 0 and waiting and len(running) < max_seqs:
             s = waiting[0]
             n = min(s.prompt + s.generated, left)
-            if math.ceil(n / block) > free():
+            if math.ceil((s.prompt + s.generated) / block) > free():  # its whole prefill, not only the chunk
                 break
             waiting.pop(0)
             running.append(s)

@@ -139,12 +139,14 @@ def test_a_follow_up_that_fits_alone_is_served_with_its_hits_in_whole_blocks():
     the whole pool. It is preempted while the first turn runs and comes back to a tree holding part
     of what it needs. Locked as matched, a hit that ends mid-block starts the request's own tokens
     mid-block, so that its own blocks and the hit together need more than 24 blocks' slots: it never
-    fits, and the engine stopped with it waiting. Hits count in whole blocks, as vLLM's."""
+    fits, and the engine stopped with it waiting. Hits count in whole blocks, as vLLM's. (Since the
+    engine admits a request only when its whole prefill fits, as vLLM 0.32 does, the follow-up waits
+    for the first turn to end instead of being preempted; it must still fit with its hit.)"""
     first = [*range(200, 226), *range(10_000, 10_027)]  # 53 tokens
     follow_up = first + [7 + q for q in range(53, 61)] + [20_001, 20_002, 20_003, 20_004]  # its 8 outputs, then 4 new
     backend, (a, b) = served("fcfs", [("a", first, 8, 0.0), ("a", follow_up, 30, 1.0)],
                              pool_tokens=96, max_num_batched_tokens=8, block_size=4)  # fmt: skip
-    assert b.generated == 30 and b.preemptions >= 1
+    assert b.generated == 30
     assert b.cached_tokens > 0 and b.cached_tokens % 4 == 0
     assert backend.bad_reads == []
 
