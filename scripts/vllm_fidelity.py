@@ -421,8 +421,8 @@ def machine_speed(runs: dict) -> dict:
     ratios = [row["step_time_ratio"] for row in runs.values() if "step_time_ratio" in row]
     windows = [ratio for row in runs.values() for _, ratio in row.get("step_time_ratio_by_window", [])]
     return {
-        "runs": [min(ratios), max(ratios)] if ratios else None,
-        "windows": [min(windows), max(windows)] if windows else None,
+        "runs": _spread(ratios),
+        "windows": _spread(windows),
         "window_s": RATIO_WINDOW_S,
     }
 
@@ -510,8 +510,8 @@ def within_targets(runs: dict) -> dict[str, int]:
     return {
         "runs": len(runs),
         **counts,
-        "all": sum(all(row[key] for key in keys) for row in runs.values()),
-        "all_at_run_speed": sum(all(row[key] for key in keys) for row in at_speed),
+        "all": _all_met(runs.values()),
+        "all_at_run_speed": _all_met(at_speed),
         "ttft_at_run_speed": sum(bool(row["ttft_ok"]) for row in at_speed),
     }
 
@@ -520,11 +520,6 @@ def memory_pressure(runs: dict) -> dict:
     """Of the runs under memory pressure: preemptions in all (vLLM, simulated, simulated at the runs'
     speed, simulated without the prefix cache) and how many runs each prediction had within all three targets."""
     rows = [row for row in runs.values() if "without_prefix_cache" in row]
-    keys = [key for _, key in CHECKS]
-
-    def within(verdicts) -> int:
-        return sum(all(v[key] for key in keys) for v in verdicts)
-
     return {
         "runs": len(rows),
         "blocks": SMALL_KV_BLOCKS,
@@ -535,9 +530,9 @@ def memory_pressure(runs: dict) -> dict:
             "without_prefix_cache": sum(row["without_prefix_cache"]["preemptions"] for row in rows),
         },
         "within_all": {
-            "sim": within(rows),
-            "at_run_speed": within(row["at_run_speed"] for row in rows),
-            "without_prefix_cache": within(row["without_prefix_cache"] for row in rows),  # at the runs' speed
+            "sim": _all_met(rows),
+            "at_run_speed": _all_met(row["at_run_speed"] for row in rows),
+            "without_prefix_cache": _all_met(row["without_prefix_cache"] for row in rows),  # at the runs' speed
         },
         "throughput_error": {  # the lowest and the highest of the runs
             "sim": _spread(row["throughput_error"] for row in rows),
@@ -547,7 +542,13 @@ def memory_pressure(runs: dict) -> dict:
     }
 
 
+def _all_met(verdicts) -> int:
+    """How many of the verdicts met all three targets."""
+    return sum(all(v[key] for _, key in CHECKS) for v in verdicts)
+
+
 def _spread(values) -> list[float] | None:
+    """The lowest and the highest of the values (None: none)."""
     values = list(values)
     return [min(values), max(values)] if values else None
 

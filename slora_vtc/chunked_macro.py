@@ -78,22 +78,22 @@ def alike_steps(chunked: "ChunkedBatching") -> Alike:
     blocks = DecodeBlocks(spare, bs)
     admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and memory.available >= bs
     evicts = _may_evict(memory, eng.scheduler, admits)
-    steps = min(to_finish, blocks.steps_taking_at_most((memory.available if evicts else memory.pool.num_free) // bs))
+    room = memory.available if evicts else memory.pool.num_free  # the same without the prefix cache
+    steps = min(to_finish, blocks.steps_taking_at_most(room // bs))
     if steps and admits and eng.scheduler.num_waiting():
         steps = _until_admission(chunked, blocks, steps, evicts)
     return Alike(steps, to_finish, spare)
 
 
 def _may_evict(memory, scheduler, admits: bool) -> bool:
-    """Whether alike steps may take evictable slots too. Without the prefix cache there are none.
-    With it, an eviction shrinks what waiting requests would find cached, which a macro-step must not
+    """Whether alike steps may take evictable slots too (with the prefix cache: without it there
+    are none). An eviction shrinks what waiting requests would find cached, which a macro-step must not
     hide from the steps that would see it; it may when evictions trim leaves (chunked batching: a
     macro-step's allocation then evicts what its single steps' would, the same tokens in the same
     order, as nothing touches the tree in between) and nothing can be admitted, or the scheduler's
     order does not read the cache (then `_until_admission` checks a bound that evictions cannot lower)."""
-    if memory.cache is None:
-        return True
-    return memory.cache.trim_leaves and (not admits or not scheduler.traits.needs_token_ids)
+    cache = memory.cache
+    return cache is not None and cache.trim_leaves and (not admits or not scheduler.traits.needs_token_ids)
 
 
 def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: int, evicts: bool) -> int:
@@ -113,7 +113,7 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
         if s >= steps:
             break
         need = config.round_up(req.prefill_len - view.cached_len(req))
-        if not (evicts and memory.cache is not None):
+        if not evicts:
             need += memory.start_cost(req)
         if need <= available - config.block_size * blocks.within(s + 1):
             return s

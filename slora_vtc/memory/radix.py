@@ -249,15 +249,17 @@ class RadixCache:
 
     def _trim(self, node: Node, n: int) -> int:
         """Evict the last n tokens of a leaf's edge."""
-        self.pool.free(node.slots[-n:])
+        evicted = node.slots[-n:]
         node.key, node.slots, node._raw = node.key[:-n], node.slots[:-n], None
-        self.size -= n
-        self._evictions[node.adapter] = self._evictions.get(node.adapter, 0) + 1
-        return n
+        return self._evicted(node.adapter, evicted)
 
     def _remove(self, node: Node) -> int:
         del node.parent.children[int(node.key[0])]
-        self.pool.free(node.slots)
-        self.size -= len(node)
-        self._evictions[node.adapter] = self._evictions.get(node.adapter, 0) + 1
-        return len(node)
+        return self._evicted(node.adapter, node.slots)
+
+    def _evicted(self, adapter: str | None, slots: np.ndarray) -> int:
+        """Slots the tree gave up: back to the pool, counted as an eviction of the adapter's tree."""
+        self.pool.free(slots)
+        self.size -= len(slots)
+        self._evictions[adapter] = self._evictions.get(adapter, 0) + 1
+        return len(slots)
