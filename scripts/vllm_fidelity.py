@@ -372,7 +372,13 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
                 ratio = machine["step_time_ratio"]
                 at_speed = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio)
                 row["at_run_speed"] = {**verdict(measured, at_speed), "preemptions": at_speed["preemptions"]}
-                if label == SMALL_KV:  # at that speed without the prefix cache: every victim computed again from 0
+                if label == SMALL_KV:  # how far arrival jitter moves the count; and without the prefix cache
+                    row["at_run_speed"]["preemptions_jitter_band"] = _spread(
+                        at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, jitter=(JITTER_MS, seed))[
+                            "preemptions"
+                        ]
+                        for seed in range(JITTER_SEEDS)
+                    )
                     without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
                     row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
             print(_row(name, label, row), flush=True)
@@ -402,9 +408,11 @@ def at_run_speed(
     seconds: float,
     ratio: float,
     prefix_cache: bool = True,
+    jitter: tuple[float, int] | None = None,
 ) -> dict:
     """What the simulator predicts for the run with its step times scaled to the run's measured speed
-    (`ratio`, the run's step_time_ratio: vLLM's steps in the run over the calibrated model's time for them)."""
+    (`ratio`, the run's step_time_ratio: vLLM's steps in the run over the calibrated model's time for
+    them); `jitter` as simulate's."""
     model = json.loads(testbed.read_text())
     for term in ("base_s", "prefill_token_s", "prefill_pair_s", "decode_req_s", "context_token_s"):  # not gap_s
         model[term] *= ratio
@@ -412,7 +420,9 @@ def at_run_speed(
         scaled = Path(folder) / "testbed.json"
         scaled.write_text(json.dumps(model))
         out = Path(folder) / "sim.jsonl"
-        return observed(simulate(trace, scheduler, scaled, pool, s, out, seconds, prefix_cache=prefix_cache), seconds)
+        return observed(
+            simulate(trace, scheduler, scaled, pool, s, out, seconds, prefix_cache=prefix_cache, jitter=jitter), seconds
+        )
 
 
 def machine_speed(runs: dict) -> dict:
@@ -465,15 +475,19 @@ def _pressure_table(runs: dict) -> str:
         "",
         f"Under memory pressure (`{SMALL_KV}`: vLLM's KV cache cut to {SMALL_KV_BLOCKS} blocks):",
         "",
-        "| workload | requests preempted: vLLM, simulated (at the run's speed) "
+        "| workload | requests preempted: vLLM, simulated (at the run's speed; in brackets, with each arrival up to "
+        f"{JITTER_MS:.0f} ms later, the lowest to the highest over {JITTER_SEEDS} seeds) "
         "| at the run's speed without the prefix cache: preempted; tokens/s, shares, mean TTFT (s) |",
         "|---|---|---|",
     ]
     for name, row in rows:
         without = row["without_prefix_cache"]
         ttft = "; ".join(f"{c} {v['sim']:.2f}" for c, v in without["ttft_pairs"].items()) or "none"
+        at_speed = row["at_run_speed"]
+        low, high = at_speed["preemptions_jitter_band"]
         lines.append(
-            f"| {name} | {row['vllm_preempted']}, {row['sim']['preemptions']} ({row['at_run_speed']['preemptions']}) "
+            f"| {name} | {row['vllm_preempted']}, {row['sim']['preemptions']} ({at_speed['preemptions']}; "
+            f"{low} to {high}) "
             f"| {without['preemptions']}; {without['throughput_error']:+.1%}, {without['share_points']:.1f} points, "
             f"TTFT {ttft}: {_verdict_words(without)} |"
         )
@@ -529,6 +543,11 @@ def memory_pressure(runs: dict) -> dict:
             "at_run_speed": sum(row["at_run_speed"]["preemptions"] for row in rows),
             "without_prefix_cache": sum(row["without_prefix_cache"]["preemptions"] for row in rows),
         },
+        "vllm_within_jitter_band": sum(  # runs whose count of vLLM's lies within the simulator's at run speed
+            low <= row["vllm_preempted"] <= high
+            for row in rows
+            for low, high in [row["at_run_speed"]["preemptions_jitter_band"]]
+        ),
         "within_all": {
             "sim": _all_met(rows),
             "at_run_speed": _all_met(row["at_run_speed"] for row in rows),

@@ -37,6 +37,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.memory.budget import CacheHits
 from slora_vtc.request import Request, State
 from slora_vtc.sched.prompt_charge import CannotRefund, PromptProgress
+from slora_vtc.sched.victims import may_preempt, victims_last
 from slora_vtc.step_logger import StepWork
 
 if TYPE_CHECKING:
@@ -54,15 +55,6 @@ class Plan:
 
     def __bool__(self) -> bool:
         return bool(self.chunks or self.decodes)
-
-    def take_back(self, req: Request) -> int:
-        """Unschedule a running request preempted after it was scheduled; the tokens it had."""
-        for chunk in self.chunks:
-            if chunk.req is req:
-                self.chunks.remove(chunk)
-                return chunk.length
-        self.decodes.remove(req)
-        return 1
 
 
 class ChunkedBatching:
@@ -87,6 +79,9 @@ class ChunkedBatching:
         self.computed_to: dict[int, int] = {}  # rid -> positions whose K/V a preempted request had
         # computed before (the most over its preemptions), until it ends: what its chunks compute again
         self._event_next = False  # a macro-step ended where the next step is a single one: no need to ask
+        # on a virtual clock nothing frees a block between steps (no abort comes in from outside), so an
+        # order no step reads before the next one that may preempt need not be made (_schedule_running)
+        self._lazy_order = isinstance(engine.clock, VirtualClock)
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
         )
@@ -133,10 +128,39 @@ class ChunkedBatching:
 
     def _schedule_running(self, plan: Plan, budget: int) -> int:
         """The running pass: each running request in order its decode or next chunk, preempting for
-        the blocks it needs; returns the budget it leaves."""
-        if self.prefilling or len(self.engine.running) > budget:
+        the blocks it needs; returns the budget it leaves. Where the step may preempt, the running
+        list is first ordered victims last (sched/victims.py)."""
+        eng, block = self.engine, self.config.block_size
+        ordered = self.may_preempt(eng.memory.available // block)
+        if self.prefilling or len(eng.running) > budget:
+            if ordered:
+                self.order_victims_last()
             return self._schedule_one_by_one(plan, budget)
-        return self._schedule_decodes(plan, budget)
+        short = self._short_of_a_block()
+        if ordered and (not self._lazy_order or len(short) * block > eng.memory.available or self._finishing()):
+            self.order_victims_last()  # else this step reads no order, and the next may preempt too: it orders
+            short = self._short_of_a_block()
+        return self._schedule_decodes(plan, budget, short)
+
+    def _short_of_a_block(self) -> list[Request]:
+        """The running requests (all decoding) whose last block is full, in order."""
+        block = self.config.block_size
+        return [r for r in self.engine.running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]
+
+    def _finishing(self) -> bool:
+        """Whether a decoding request makes its last token in this step (its blocks are then freed)."""
+        return min([r.max_new_tokens - r.generated for r in self.engine.running]) <= 1
+
+    def may_preempt(self, free_blocks: int) -> bool:
+        """Whether a step that starts with `free_blocks` may preempt one of several running requests."""
+        running, config = len(self.engine.running), self.config
+        return running > 1 and may_preempt(free_blocks, config.max_num_batched_tokens, config.block_size, running)
+
+    def order_victims_last(self) -> None:
+        eng = self.engine
+        order = victims_last(eng.running, eng.scheduler, eng.clock.now())
+        if order != eng.running:  # requests compare by identity; an unchanged list keeps what was kept for it
+            eng.running[:] = order
 
     def _schedule_one_by_one(self, plan: Plan, budget: int) -> int:
         eng, memory = self.engine, self.engine.memory
@@ -158,10 +182,8 @@ class ChunkedBatching:
             else:
                 n = min(req.prefill_len - done, budget)
                 slots = self._slots(req, done, n)
-            if slots > memory.available:
-                i, budget = self._preempt_for(req, slots, plan, i, budget)
-                if req.state is not State.RUNNING:
-                    break
+            if slots > memory.available and not self._preempt_for(req, slots, plan):
+                break
             memory.grow(req, n, slots)
             if done is None:
                 plan.decodes.append(req)
@@ -172,49 +194,34 @@ class ChunkedBatching:
             i += 1
         return budget
 
-    def _preempt_for(self, req: Request, slots: int, plan: Plan, i: int, budget: int) -> tuple[int, int]:
-        """Preempt the scheduler's victims until `req` (at index i of the running list) can get
-        `slots`, or is itself the victim; a victim scheduled already this step is taken back.
-        Returns req's index and the budget after."""
+    def _preempt_for(self, req: Request, slots: int, plan: Plan) -> bool:
+        """Preempt the last running request (the scheduler's victim, the list ordered victims last)
+        until `req` can get `slots`, or is itself the victim, which ends the running pass: False then.
+        Victims come after `req` in the list, so none of them was scheduled this step."""
         eng, running = self.engine, self.engine.running
         while slots > eng.memory.available:
-            victim = eng.scheduler.choose_victim(running, eng.clock.now())
-            if running.index(victim) < i:  # scheduled already this step: taken back, nothing computed
-                i -= 1
-                tokens = plan.take_back(victim)
-                budget += tokens
-                self._untake(victim, tokens)
+            victim = running[-1]
             self._preempt(victim)
             plan.preempted += 1
             if victim is req:
-                break
-        return i, budget
+                return False
+        return True
 
-    def _schedule_decodes(self, plan: Plan, budget: int) -> int:
+    def _schedule_decodes(self, plan: Plan, budget: int, short: list[Request]) -> int:
         """_schedule_one_by_one where every running request decodes and the budget covers them all:
-        only a request whose last block is full needs a step of its own (it may preempt; when it is
-        itself the victim, the pass ends before it), and a victim that had taken its block already is
-        taken back; on a pool with slot ids, every other decode then writes into a slot it holds."""
+        only a request whose last block is full (`short`) needs a step of its own (it may preempt from
+        the end of the list; when it is itself the victim, it was the last one), and on a pool with
+        slot ids every other decode then writes into a slot it holds."""
         eng, memory, block = self.engine, self.engine.memory, self.config.block_size
-        running, scheduled, grown = eng.running, None, set()
-        for req in [r for r in running if not (r.prompt_len + r.generated - 1 - r.cached_len) % block]:
+        running, grown = eng.running, set()
+        for req in short:
             if req.state is not State.RUNNING:  # preempted for one before it
                 continue
-            while block > memory.available:
-                victim = eng.scheduler.choose_victim(running, eng.clock.now())
-                if victim is req:
-                    scheduled = running[: running.index(req)]
-                elif victim.rid in grown:  # scheduled already this step: its token taken back
-                    self._untake(victim, 1)
-                self._preempt(victim)
-                plan.preempted += 1
-                if victim is req:
-                    break
-            if scheduled is not None:
+            if block > memory.available and not self._preempt_for(req, block, plan):
                 break
             memory.grow(req, 1, block)
             grown.add(req.rid)
-        plan.decodes = list(running) if scheduled is None else scheduled
+        plan.decodes = list(running)
         if memory.pool.hands_out_ids:  # the others write their token into a slot they hold
             rest = [r for r in plan.decodes if r.rid not in grown]
             memory.grow_all(rest, 1, [0] * len(rest))
@@ -248,13 +255,6 @@ class ChunkedBatching:
             plan.chunks.append(Chunk(req, req.cached_len, n))
             plan.started.append(req)
             budget -= n
-
-    def _untake(self, victim: Request, tokens: int) -> None:
-        """A victim the running pass had scheduled `tokens` for before preempting it: none was computed,
-        so their slots are unwritten and its prefill (if it was in one) is where it was."""
-        self.engine.memory.unwrite(victim, tokens)
-        if victim.rid in self.prefilling:
-            self.prefilling[victim.rid] -= tokens
 
     def _slots(self, req: Request, done: int, n: int) -> int:
         """Slots the request's next n tokens take beyond what it holds (its own tokens, in blocks)."""

@@ -124,11 +124,23 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
     """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
     Returns whether they ended where the next step is likely not alike: one that may admit or
     preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
-    eng = chunked.engine
+    eng, block = chunked.engine, chunked.config.block_size
     running = eng.running
     steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
-    eng.memory.grow_all(running, steps, slots_to_grow(alike.spare, steps, chunked.config.block_size))
-    eng._charge_and_grow(steps)
+    before_last = steps - 1  # the running list is ordered as the last step's start orders it, where it counts
+    if not _ordered_victims_last(chunked, alike, steps):
+        _grow_and_charge(chunked, alike.spare, steps)
+    elif (order := eng.scheduler.victim_order_after(running, before_last, eng.clock.now())) is not None:
+        order.reverse()
+        spare = alike.spare
+        if order != running:  # requests compare by identity
+            running[:] = order
+            spare = spare_slots(running, block)
+        _grow_and_charge(chunked, spare, steps)
+    else:  # the order the charges of the steps before the last give
+        _grow_and_charge(chunked, alike.spare, before_last)
+        chunked.order_victims_last()
+        _grow_and_charge(chunked, spare_slots(running, block), 1)
     eng.clock.wait_until(end)
     if steps < alike.steps:  # stopped by the backend at `until`
         return False
@@ -136,3 +148,22 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
         eng._retire(running)
         return eng.scheduler.num_waiting() > 0
     return True
+
+
+def _ordered_victims_last(chunked: "ChunkedBatching", alike: Alike, steps: int) -> bool:
+    """Whether the running list must be ordered as the last of `steps` alike steps orders it: where
+    it may preempt (sched/victims.py) and the steps end in a finish. Otherwise either no step orders
+    it, or the next single step may preempt too (nothing freed a block since) and orders it afresh
+    before anything reads the order: a macro-step reads none."""
+    if steps != alike.to_finish:
+        return False
+    block = chunked.config.block_size
+    taken = DecodeBlocks(alike.spare, block).within(steps - 1)
+    return chunked.may_preempt(chunked.engine.memory.available // block - taken)
+
+
+def _grow_and_charge(chunked: "ChunkedBatching", spare: Sequence[int], steps: int) -> None:
+    """`steps` decode steps of the running requests, which have `spare` unwritten slots each."""
+    eng = chunked.engine
+    eng.memory.grow_all(eng.running, steps, slots_to_grow(spare, steps, chunked.config.block_size))
+    eng._charge_and_grow(steps)

@@ -156,6 +156,24 @@ class RouterGroup(Scheduler, Ledger):
         victims = [r.choose_victim(group, now) for r, group in zip(self.routers, self._by_owner(running)) if group]
         return max(victims, key=lambda v: (self.routers[self._owner[v.rid]].counter_of(v.client), arrival_key(v)))
 
+    def victim_order(self, running: list[Request], now: float) -> list[Request]:
+        """choose_victim's order: each router's own order, merged by the key choose_victim compares."""
+        orders = [r.victim_order(group, now) for r, group in zip(self.routers, self._by_owner(running)) if group]
+
+        def key(victim: Request) -> tuple:
+            return (self.routers[self._owner[victim.rid]].counter_of(victim.client), arrival_key(victim))
+
+        merged = []
+        while orders:
+            i = max(range(len(orders)), key=lambda k: key(orders[k][0]))
+            merged.append(orders[i].pop(0))
+            if not orders[i]:
+                del orders[i]
+        return merged
+
+    def victim_order_after(self, running: list[Request], steps: int, now: float) -> list[Request] | None:
+        return None  # the merge compares the routers' counters, which the steps would change
+
     def remove(self, req: Request) -> bool:
         k = self._owner.get(req.rid)
         if k is None or not self.routers[k].remove(req):

@@ -195,7 +195,7 @@ class MemoryManager:
             ids = self.cache_ids(req)
             if ids is None:
                 continue
-            ids = ids[: len(req.kv_slots)]
+            ids = ids[: self._cacheable(req)]
             if self.cache.match_len(req.adapter, ids) <= req.cached_len:
                 self._insert(req, ids, keep_lock=True)
 
@@ -226,7 +226,7 @@ class MemoryManager:
         if node is not None:
             ids = self.cache_ids(req) if keep else None
             if ids is not None:
-                self._insert(req, ids[: len(req.kv_slots)], keep_lock=False)
+                self._insert(req, ids[: self._cacheable(req)], keep_lock=False)
             self.cache.unlock(node)
         own = self._own.pop(req.rid, None) if self.cache else req.kv_slots
         if own:
@@ -282,6 +282,13 @@ class MemoryManager:
         req.kv_slots = slots.tolist()
         req.cached_len = len(slots)
         req.cached_tokens += len(slots)
+
+    def _cacheable(self, req: Request) -> int:
+        """How many of the request's tokens with K/V may join the tree: all of them, or with
+        `vllm_cache` those in whole blocks. vLLM knows a block by its tokens only once it is full; a
+        partly filled block is never cached, and when its request leaves it is the first reused."""
+        n = len(req.kv_slots)
+        return n - n % self.hit_unit if self.vllm_cache else n
 
     def _insert(self, req: Request, ids, keep_lock: bool) -> None:
         """Put the request's tokens in the tree; slots the tree takes stop being the request's own."""

@@ -17,6 +17,7 @@ the counters of `sched/ledger.py` (`Ledger`), the macro-step look-ahead of `sche
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
@@ -107,10 +108,35 @@ class Scheduler(ABC):
         """The running request to preempt when memory runs short. The default, vLLM's: the latest arrival."""
         return max(running, key=arrival_key)
 
+    def victim_order(self, running: list[Request], now: float) -> list[Request]:
+        """`running` in the order `choose_victim` would take them: its victim, then the victim among
+        the rest, and so on (sched/victims.py). One sort where choose_victim is a largest key."""
+        if type(self).choose_victim is Scheduler.choose_victim:
+            return sorted(running, key=ARRIVAL_KEY, reverse=True)
+        return victims_one_by_one(self, running, now)
+
+    def victim_order_after(self, running: list[Request], steps: int, now: float) -> list[Request] | None:
+        """victim_order as it will be once `steps` decode steps of `running` are charged (macro-steps
+        of chunked batching); None where the scheduler cannot tell without charging them."""
+        return self.victim_order(running, now) if type(self).choose_victim is Scheduler.choose_victim else None
+
+
+def victims_one_by_one(scheduler: Scheduler, running: list[Request], now: float) -> list[Request]:
+    """Scheduler.victim_order by asking `choose_victim` again and again (O(running^2))."""
+    remaining, order = list(running), []
+    while remaining:
+        victim = scheduler.choose_victim(remaining, now)
+        remaining.remove(victim)
+        order.append(victim)
+    return order
+
 
 def arrival_key(req: Request) -> tuple[float, int]:
     """The order requests arrived in (rid breaks ties, as the engine numbers them in order)."""
     return (req.arrival, req.rid)
+
+
+ARRIVAL_KEY = attrgetter("arrival", "rid")  # arrival_key, for sorting many
 
 
 def requeue(queue: deque[Request], req: Request) -> None:

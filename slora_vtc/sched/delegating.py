@@ -60,6 +60,12 @@ class Delegating(Scheduler, Ledger, LookAhead):
     def choose_victim(self, running: list[Request], now: float) -> Request:
         return self.inner.choose_victim(running, now)
 
+    def victim_order(self, running: list[Request], now: float) -> list[Request]:
+        return self.inner.victim_order(running, now)
+
+    def victim_order_after(self, running: list[Request], steps: int, now: float) -> list[Request] | None:
+        return self.inner.victim_order_after(running, steps, now)
+
     # -- the ledger -------------------------------------------------------------------------------
     def counter_of(self, client: str) -> float:
         return self.inner.counter_of(client)

@@ -42,7 +42,7 @@ from collections import Counter
 
 from slora_vtc.memory.budget import AdmissionBudget
 from slora_vtc.request import Request
-from slora_vtc.sched.base import Traits, arrival_key, recomputed_tokens
+from slora_vtc.sched.base import Traits, arrival_key, recomputed_tokens, victims_one_by_one
 from slora_vtc.sched.ledger import Ledger
 from slora_vtc.sched.lpm import LPM
 
@@ -232,4 +232,13 @@ class DLPM(LPM, Ledger):
         super().on_preempt(req, now)
 
     def choose_victim(self, running: list[Request], now: float) -> Request:
-        return max(running, key=lambda r: (-self._deficit[r.client], arrival_key(r)))
+        return max(running, key=self._victim_key)
+
+    def victim_order(self, running: list[Request], now: float) -> list[Request]:
+        if type(self).choose_victim is not DLPM.choose_victim:
+            return victims_one_by_one(self, running, now)
+        return sorted(running, key=self._victim_key, reverse=True)
+
+    def _victim_key(self, req: Request) -> tuple:
+        """The smallest deficit first, then the latest arrival."""
+        return (-self._deficit[req.client], arrival_key(req))

@@ -11,7 +11,8 @@ tokens minus its newest token, whose K/V was never computed) cost h(recomputed, 
 """
 
 from slora_vtc.request import Request
-from slora_vtc.sched.base import arrival_key, recomputed_tokens, requeue
+from slora_vtc.sched import vtc_lookahead
+from slora_vtc.sched.base import arrival_key, recomputed_tokens, requeue, victims_one_by_one
 
 
 class Preemption:
@@ -30,6 +31,22 @@ class Preemption:
         top = max(counters.values())
         return max([r for r in running if counters[r.client] == top], key=arrival_key)  # keys are unique
 
+    def victim_order(self, running: list[Request], now: float) -> list[Request]:
+        """choose_victim's order in one sort: the largest counter first, then the latest arrival."""
+        if type(self).choose_victim is not Preemption.choose_victim:
+            return victims_one_by_one(self, running, now)
+        return _by_counter(running, {name: self.counter_of(name) for name in {r.client for r in running}})
+
+    def victim_order_after(self, running: list[Request], steps: int, now: float) -> list[Request] | None:
+        """victim_order once `steps` decode steps of `running` are charged, where the look-ahead
+        knows their charges exactly (vtc_lookahead.py)."""
+        if type(self).choose_victim is not Preemption.choose_victim:
+            return None
+        rates = vtc_lookahead.steady_rates(self, running, steps)
+        if rates is None:
+            return None
+        return _by_counter(running, {name: self.counter_of(name) + rates.get(name, 0) * steps for name in rates})
+
     def readmission_charge(self, req: Request, cached: int) -> float:
         """A preempted request prefilled again: its next token, unless the decode step it was
         preempted from had charged it already; and the recomputation if asked."""
@@ -39,3 +56,8 @@ class Preemption:
         if self.charge_recompute:
             charged += self._charge(req.client, self.cost(recomputed_tokens(req, cached), 0))
         return charged
+
+
+def _by_counter(running: list[Request], counters: dict[str, float]) -> list[Request]:
+    """The largest counter first, then the latest arrival (arrival_key's order, inline: it runs every step)."""
+    return sorted(running, key=lambda r: (counters[r.client], r.arrival, r.rid), reverse=True)

@@ -63,23 +63,18 @@ class Seq:
         self.recomputed += max(0, min(self.computed + n, self.computed_before) - self.computed)
         self.computed += n
 
-    def uncompute(self, n: int) -> None:
-        """Scheduled n positions this step, then preempted before the step ran: none was computed."""
-        self.computed -= n
-        self.recomputed -= max(0, min(self.computed + n, self.computed_before) - self.computed)
-
 
 def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
-    """vLLM v1's schedule() with FCFS, no prefix cache, one second per step: running requests first
-    (each its remaining prefill or its decode token, within the budget; when its new blocks are not
-    free, preempt the latest arrival that runs, taking back its tokens if it was scheduled this
-    step, until it fits or is itself preempted, as vLLM's priority policy does); then, if nothing
+    """vLLM v1's schedule() with our plugin's FCFS, no prefix cache, one second per step: where the
+    free blocks may not cover what the step could ask for (fewer than a budget's worth of blocks plus
+    two per running request, plus one), the running list is first ordered by arrival (the plugin
+    puts the scheduler's victims, the latest arrivals, last); then running requests (each its
+    remaining prefill or its decode token, within the budget; when its new blocks are not free,
+    preempt the last request of the list, until it fits or is itself preempted); then, if nothing
     was preempted, waiting requests in arrival order while the budget and the sequence cap allow and
     the free blocks would hold the whole prefill (vLLM 0.32's default, scheduler_reserve_full_isl);
-    a step that scheduled nothing runs no forward pass. The victim rule is the engine's default
-    scheduler's (the latest arrival), not vLLM's FCFS policy's (the last in its running list), so
-    that a test can compare. Returns the steps and each request's end (with the positions it
-    computed again after preemptions)."""
+    a step that scheduled nothing runs no forward pass. Returns the steps and each request's end
+    (with the positions it computed again after preemptions)."""
     blocks = pool // block
     seqs = [Seq(rid, a, p, o) for rid, (a, p, o) in enumerate(shapes)]
     pending = list(seqs)
@@ -102,21 +97,15 @@ def brute_force(shapes, budget: int, max_seqs: int, pool: int, block: int):
             else:
                 waiting.append(s)
         step, left, preempted, i = [], budget, False, 0
+        if free() < budget // block + 2 * len(running) + 1:
+            running.sort(key=lambda r: (r.arrival, r.rid))
         while i < len(running) and left > 0:
             s = running[i]
             n = min(s.prompt + s.generated - s.computed, left)
             need = math.ceil((s.computed + n) / block) - held(s)
             gone = False
             while need > free():
-                victim = max(running, key=lambda r: (r.arrival, r.rid))
-                at = running.index(victim)
-                if at < i:  # scheduled already: take its tokens back (never computed)
-                    i -= 1
-                    entry = next(e for e in step if e[0] == victim.rid)
-                    step.remove(entry)
-                    left += entry[1]
-                    victim.uncompute(entry[1])
-                running.remove(victim)
+                victim = running.pop()
                 victim.computed_before = max(victim.computed_before, victim.computed)
                 victim.computed, victim.prefilling = 0, True
                 waiting.append(victim)

@@ -8,10 +8,12 @@ import pytest
 
 from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
+from slora_vtc.cluster.router_group import RouterGroup
 from slora_vtc.config import EngineConfig
 from slora_vtc.request import Request, State
 from slora_vtc.sched import DLPM, FCFS, LPM, RPM, VTC, RateLimited, SchedulerOptions, build_scheduler
 from slora_vtc.sched.prompt_charge import PromptProgress
+from slora_vtc.sched.victims import may_preempt, victims_last
 from slora_vtc.sched.vtc_predict import OraclePredictor, PredictingVTC
 from tests.helpers.engine import FixedBackend, run_engine
 from tests.helpers.sched import FakeBudget, Plain, arrive, ids, reqs, rids, run_token
@@ -359,3 +361,60 @@ def test_an_engine_refuses_optimistic_admission_for_a_scheduler_without_preempti
     with pytest.raises(UserError, match="cannot take preempted requests back"):
         build_engine(EngineConfig(admission="optimistic"), RateLimited(Plain(), {}), FixedBackend(), VirtualClock())
     build_engine(EngineConfig(admission="optimistic"), RateLimited(FCFS(), {}), FixedBackend(), VirtualClock())
+
+
+# -- the order of victims (sched/victims.py) --------------------------------------------------------
+def _running_with_counters(sched, rng: random.Random) -> list[Request]:
+    """Requests of clients a, b, c (arrival ties included) that arrived and run, the clients' counters random."""
+    running = [Request(rng.choice("abc"), 4, 4, float(rng.randint(0, 5)), rid=i) for i in range(rng.randint(1, 9))]
+    for req in running:
+        sched.on_arrival(req, req.arrival)
+    for client in sorted({r.client for r in running}) if hasattr(sched, "set_counter") else ():  # a ledger's
+        sched.set_counter(client, float(rng.choice([0, 5, 10])))
+    return running
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        FCFS,
+        VTC,
+        lambda: build_scheduler("dlpm:100", ["a", "b", "c"]),
+        lambda: RateLimited(VTC(), {"a": 100}),
+        lambda: RouterGroup([VTC(), VTC()], ingress=lambda req: req.rid % 2, sync_s=None),
+    ],
+    ids=["fcfs", "vtc", "dlpm", "rate-limited", "router-group"],
+)
+@pytest.mark.parametrize("seed", range(20))
+def test_the_victim_order_is_choose_victim_asked_again_and_again(make, seed):
+    sched = make()
+    running = _running_with_counters(sched, random.Random(seed))
+    remaining, expected = list(running), []
+    while remaining:
+        expected.append(sched.choose_victim(remaining, 1.0))
+        remaining.remove(expected[-1])
+    assert sched.victim_order(running, 1.0) == expected
+    assert victims_last(running, sched, 1.0) == expected[::-1]
+
+
+def test_a_step_may_preempt_only_when_the_free_blocks_may_not_cover_it():
+    # a budget of 2048 tokens in blocks of 32 asks for at most 64 blocks, plus 2 per running request
+    assert not may_preempt(free_blocks=64 + 2 * 4 + 1, token_budget=2048, block_size=32, running=4)
+    assert may_preempt(free_blocks=64 + 2 * 4, token_budget=2048, block_size=32, running=4)
+    assert may_preempt(free_blocks=64 + 3 * 4, token_budget=2048, block_size=32, running=4, lookahead=1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vtcs_victim_order_after_decode_steps_is_the_order_once_they_are_charged(seed):
+    rng = random.Random(seed)
+    vtc = VTC()
+    running = _running_with_counters(vtc, rng)
+    for req in running:  # admitted: each prompt charged, then its decode tokens one by one
+        vtc.on_prefill(req, req.prompt_len, 0, 0.0)
+    steps = rng.randint(1, 30)
+    predicted = vtc.victim_order_after(running, steps, 0.0)
+    for _ in range(steps):
+        vtc.on_decode_step(running, 0.0)
+        for req in running:
+            req.generated += 1
+    assert predicted == vtc.victim_order(running, 0.0)
