@@ -2,18 +2,18 @@
 "Chunked batching"). The Engine delegates its step here when `config.batching == "chunked"`.
 
 Each step has a token budget (`max_num_batched_tokens`). Running requests come first, in the order
-they were scheduled: a decode takes one token, a request still in its prefill its next chunk, as
+of the running list: a decode takes one token, a request still in its prefill its next chunk, as
 much of the rest of its prefill as the budget leaves. Then, unless this step preempted, waiting
 requests in the scheduler's order (peek, pop), each taking what is left of the budget, while fewer
 than `max_num_seqs` run and the free blocks would hold its whole prefill, not only its first chunk
-(vLLM's default, `scheduler_reserve_full_isl`). Memory is allocated in blocks of `block_size` tokens
-for the tokens a step computes. When a running request cannot get its blocks, the scheduler's victim
-(`choose_victim` among every running request) is preempted by recompute, again until the request
-fits or is itself the victim, which ends the running pass; a victim already scheduled this step is
-taken back, its tokens returned to the budget (what vLLM does when its priority policy chooses
-victims) and its slots unwritten (nothing was computed there). A waiting request that cannot get its
-blocks ends the waiting pass (head-of-line, as vLLM). With the prefix cache, hits count in whole
-blocks.
+(vLLM's default, `scheduler_reserve_full_isl`); they join the list's end. Memory is allocated in
+blocks of `block_size` tokens for the tokens a step computes. When a running request cannot get its
+blocks, the last request of the list is preempted by recompute, again until the request fits or is
+itself the victim, which ends the running pass (vLLM's rule). Before a step that may preempt, the
+list is ordered victims last by the scheduler's `victim_order`, as our vLLM plugin orders vLLM's
+(sched/victims.py): victims then always come after the request they make room for. A waiting
+request that cannot get its blocks ends the waiting pass (head-of-line, as vLLM). With the prefix
+cache, hits count in whole blocks. tests/vllm/test_step_rule.py holds this against vLLM's scheduler.
 
 Charges, as the vLLM plugin charges inside vLLM (sched/prompt_charge.py): after scheduling, each
 prompt chunk reports the prefill so far and the report before it is refunded; a request back from a
@@ -190,6 +190,7 @@ class ChunkedBatching:
             else:
                 prefilling[req.rid] = done + n
                 plan.chunks.append(Chunk(req, done, n))
+                memory.cache_scheduled(req, done + n)
             budget -= n
             i += 1
         return budget
@@ -247,6 +248,7 @@ class ChunkedBatching:
             eng.scheduler.pop(req, now)
             memory.start(req)
             memory.grow(req, n, slots)
+            memory.cache_scheduled(req, req.cached_len + n)
             req.state = State.RUNNING
             if req.first_admitted is None:
                 req.first_admitted = now

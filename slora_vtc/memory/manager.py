@@ -58,7 +58,8 @@ class MemoryManager:
         if cache:
             from slora_vtc.memory.radix import RadixCache, id_array, with_own
 
-            self.cache, self._id_array, self._with_own = RadixCache(pool, vllm_cache), id_array, with_own
+            unit = hit_unit if vllm_cache else 1  # vLLM's cache knows whole blocks only
+            self.cache, self._id_array, self._with_own = RadixCache(pool, vllm_cache, unit), id_array, with_own
         # with a cache: cache_ids of each request asked, until it leaves (and whether its prompt's ids were known)
         self._id_arrays: dict[int, tuple["np.ndarray", bool]] = {}
         self.hit_unit, self.vllm_cache = hit_unit, vllm_cache
@@ -198,6 +199,22 @@ class MemoryManager:
             ids = ids[: self._cacheable(req)]
             if self.cache.match_len(req.adapter, ids) <= req.cached_len:
                 self._insert(req, ids, keep_lock=True)
+
+    def cache_scheduled(self, req: Request, tokens: int) -> None:
+        """Chunked batching with `vllm_cache`: a step was scheduled to compute the request's first
+        `tokens` positions; the whole blocks among them join the tree at once, locked by the request,
+        as vLLM caches a full block when it allocates it (a request admitted later in the same step
+        finds it). Not where the tree holds these tokens beyond what the request shares already:
+        another request put them there, and the request keeps its own copy (`cache_prefill`)."""
+        if not (self.vllm_cache and self.cache):
+            return
+        ids = self.cache_ids(req)
+        n = tokens - tokens % self.hit_unit
+        if ids is None or n <= self.shared_tokens(req):
+            return
+        ids = ids[:n]
+        if self.cache.match_len(req.adapter, ids) <= self.shared_tokens(req):
+            self._insert(req, ids, keep_lock=True)
 
     def extend(self, running: list[Request], steps: int = 1) -> None:
         """One more slot per running request and step, for the tokens the next decode steps write

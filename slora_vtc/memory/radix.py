@@ -1,4 +1,5 @@
-"""The prefix cache: a radix tree over token ids whose nodes own K/V slots of the unified pool.
+"""The prefix cache: a radix tree over token ids (or whole blocks of them: `unit`) whose nodes own
+K/V slots of the unified pool.
 
 One tree per adapter (a LoRA changes K and V, so a prefix is only shared between requests of the
 same adapter). A node's edge is a run of token ids and the pool slots holding their K/V. A running
@@ -66,13 +67,6 @@ def with_own(ids: np.ndarray, owner: int, length: int) -> np.ndarray:
     return np.concatenate([ids, np.full(length - len(ids), owner, dtype=np.int64)])
 
 
-def _matched(node: Node, ids: np.ndarray, raw: bytes, pos: int) -> int:
-    """Tokens of node's edge that ids[pos:] starts with."""
-    if raw.startswith(node.raw, pos * ids.itemsize):
-        return len(node)
-    return _common(node.key, ids[pos:])
-
-
 def _common(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the common prefix of two id arrays."""
     n = min(len(a), len(b))
@@ -82,10 +76,14 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 class RadixCache:
     """`trim_leaves`: evict from a leaf's end only what is needed (vLLM frees a request's blocks tail
-    first and evicts block by block); without it a leaf goes whole (SGLang's radix cache)."""
+    first and evicts block by block); without it a leaf goes whole (SGLang's radix cache). `unit`:
+    the tree's grain, in tokens. With a unit of a block (vLLM, which knows a block by all its tokens
+    and those before) an edge is a run of whole blocks, a node's children are told apart by their
+    first block, a match counts whole blocks, and eviction frees whole blocks: two requests whose
+    prompts differ inside a block share nothing of it. Only whole blocks are then inserted."""
 
-    def __init__(self, pool: TokenPool, trim_leaves: bool = False):
-        self.pool, self.trim_leaves = pool, trim_leaves
+    def __init__(self, pool: TokenPool, trim_leaves: bool = False, unit: int = 1):
+        self.pool, self.trim_leaves, self.unit = pool, trim_leaves, unit
         self._roots: dict[str | None, Node] = {}
         self._clock = count(1)  # an access counter, not time: LRU only needs an order
         self._serials = count(1)
@@ -129,10 +127,10 @@ class RadixCache:
         """(node, tokens of it matched) along the longest cached prefix of ids."""
         node, pos, raw = self._roots.get(adapter), 0, ids.tobytes()
         while node is not None and pos < len(ids):
-            child = node.children.get(int(ids[pos]))
+            child = node.children.get(self._key(ids, pos))
             if child is None:
                 return
-            take = _matched(child, ids, raw, pos)
+            take = self._matched(child, ids, raw, pos)
             yield child, take
             if take < len(child):
                 return
@@ -143,8 +141,8 @@ class RadixCache:
         """Lock the longest cached prefix (at most `limit` tokens): its deepest node and its slots."""
         ids = id_array(tokens)[:limit]
         node, pos, parts, raw = self._root(adapter), 0, [], ids.tobytes()
-        while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
-            take = _matched(child, ids, raw, pos)
+        while pos < len(ids) and (child := node.children.get(self._key(ids, pos))) is not None:
+            take = self._matched(child, ids, raw, pos)
             if take < len(child):
                 child = self._split(child, take)
             parts.append(child.slots)
@@ -180,8 +178,8 @@ class RadixCache:
         ids, slots = id_array(tokens), np.asarray(slots, dtype=np.int64)
         node, pos, raw = self._root(adapter), 0, ids.tobytes()
         tick = next(self._clock)
-        while pos < len(ids) and (child := node.children.get(int(ids[pos]))) is not None:
-            take = _matched(child, ids, raw, pos)
+        while pos < len(ids) and (child := node.children.get(self._key(ids, pos))) is not None:
+            take = self._matched(child, ids, raw, pos)
             if take < len(child):
                 child = self._split(child, take)
             child.last_use = tick
@@ -190,7 +188,7 @@ class RadixCache:
             leaf = Node(ids[pos:].copy(), slots[pos:].copy(), node)
             leaf.serial = next(self._serials)
             leaf.last_use = tick
-            node.children[int(ids[pos])] = leaf
+            node.children[self._key(ids, pos)] = leaf
             node.grown += 1
             self.size += len(leaf)
             self._candidates[id(leaf)] = leaf
@@ -202,8 +200,8 @@ class RadixCache:
         upper = Node(node.key[:at], node.slots[:at], node.parent)
         upper.serial = next(self._serials)
         upper.refs, upper.last_use = node.refs, node.last_use
-        upper.children[int(node.key[at])] = node
-        node.parent.children[int(node.key[0])] = upper
+        upper.children[self._key(node.key, at)] = node
+        node.parent.children[self._key(node.key, 0)] = upper
         node.cut(at)
         node.parent = upper
         return upper
@@ -224,8 +222,9 @@ class RadixCache:
             _, node = heapq.heappop(heap)
             if not self._is_evictable(node):
                 continue
-            if self.trim_leaves and len(node) > need - freed:
-                freed += self._trim(node, need - freed)
+            rest = -(-(need - freed) // self.unit) * self.unit  # in whole units
+            if self.trim_leaves and len(node) > rest:
+                freed += self._trim(node, rest)
                 heap.append((node.last_use, node))  # still a leaf, what is left of it
                 break
             freed += self._remove(node)
@@ -244,8 +243,19 @@ class RadixCache:
             node.refs == 0
             and not node.children
             and node.parent is not None
-            and node.parent.children.get(int(node.key[0])) is node
+            and node.parent.children.get(self._key(node.key, 0)) is node
         )
+
+    def _key(self, ids: np.ndarray, pos: int):
+        """What tells a node's children apart: the first token of an edge, or its first unit's tokens."""
+        return int(ids[pos]) if self.unit == 1 else ids[pos : pos + self.unit].tobytes()
+
+    def _matched(self, node: Node, ids: np.ndarray, raw: bytes, pos: int) -> int:
+        """Tokens of node's edge that ids[pos:] starts with, in whole units."""
+        if raw.startswith(node.raw, pos * ids.itemsize):
+            return len(node)
+        common = _common(node.key, ids[pos:])
+        return common - common % self.unit
 
     def _trim(self, node: Node, n: int) -> int:
         """Evict the last n tokens of a leaf's edge."""
@@ -254,7 +264,7 @@ class RadixCache:
         return self._evicted(node.adapter, evicted)
 
     def _remove(self, node: Node) -> int:
-        del node.parent.children[int(node.key[0])]
+        del node.parent.children[self._key(node.key, 0)]
         return self._evicted(node.adapter, node.slots)
 
     def _evicted(self, adapter: str | None, slots: np.ndarray) -> int:

@@ -105,6 +105,98 @@ def test_radix_tree_matches_a_brute_force_model(trim_leaves, program):
     assert cache.size == cache.locked == pool.num_used == 0
 
 
+def block_entries(cache: RadixCache) -> dict[tuple, tuple]:
+    """A tree of whole blocks: every cached run of blocks of every adapter -> its last block's slots."""
+    out, u = {}, cache.unit
+
+    def walk(adapter, node, prefix):
+        for child in node.children.values():
+            path, keys, slots = prefix, child.key.tolist(), child.slots.tolist()
+            for b in range(0, len(keys), u):
+                path = path + (tuple(keys[b : b + u]),)
+                out[(adapter, path)] = tuple(slots[b : b + u])
+            walk(adapter, child, path)
+
+    for adapter, root in cache._roots.items():
+        walk(adapter, root, ())
+    return out
+
+
+def blocks_of(seq: tuple, u: int) -> tuple:
+    return tuple(seq[b : b + u] for b in range(0, len(seq) - len(seq) % u, u))
+
+
+UNIT = 2
+block_seqs = st.lists(st.integers(0, 1), min_size=UNIT, max_size=4 * UNIT).map(
+    lambda s: tuple(s[: len(s) // UNIT * UNIT])
+)
+block_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.sampled_from(ADAPTERS), block_seqs),
+        st.tuples(st.just("acquire"), st.sampled_from(ADAPTERS), block_seqs, st.integers(0, 8)),
+        st.tuples(st.just("unlock"), st.integers(0, 20)),
+        st.tuples(st.just("evict"), st.integers(0, 12)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(program=block_ops)
+def test_a_tree_of_whole_blocks_matches_a_brute_force_model(program):
+    """vLLM's cache (unit = a block): a block is known by its tokens and all before it, so two runs
+    that differ anywhere inside a block share nothing of it; matches and evictions are whole blocks."""
+    pool = TokenPool(400)
+    cache = RadixCache(pool, trim_leaves=True, unit=UNIT)
+    model: dict[tuple, tuple] = {}  # (adapter, run of blocks) -> its last block's slots
+    locks = []
+
+    def brute(adapter, seq, limit):
+        blocks, k = blocks_of(seq, UNIT), 0
+        while k < len(blocks) and (k + 1) * UNIT <= limit and (adapter, blocks[: k + 1]) in model:
+            k += 1
+        return k
+
+    for op in program:
+        if op[0] == "insert":
+            _, adapter, seq = op
+            slots = pool.alloc(len(seq))
+            present = cache.insert(adapter, seq, slots)
+            k = brute(adapter, seq, len(seq))
+            assert present == k * UNIT
+            pool.free(slots[:present])
+            for b in range(k, len(seq) // UNIT):
+                model[(adapter, blocks_of(seq, UNIT)[: b + 1])] = tuple(slots[b * UNIT : (b + 1) * UNIT].tolist())
+        elif op[0] == "acquire":
+            _, adapter, seq, limit = op
+            node, slots = cache.acquire(adapter, seq, limit)
+            k = brute(adapter, seq, limit)
+            assert slots.tolist() == [s for b in range(k) for s in model[(adapter, blocks_of(seq, UNIT)[: b + 1])]]
+            assert cache.match_len(adapter, seq, limit) == k * UNIT
+            locks.append((node, adapter, blocks_of(seq, UNIT)[:k]))
+        elif op[0] == "unlock" and locks:
+            node, *_ = locks.pop(op[1] % len(locks))
+            cache.unlock(node)
+        elif op[0] == "evict":
+            before = cache.evictable
+            freed = cache.evict(op[1])
+            assert freed == min(-(-op[1] // UNIT) * UNIT, before)  # whole blocks, only as many as asked
+            remaining = block_entries(cache)
+            locked = {(a, p[: j + 1]) for _, a, p in locks for j in range(len(p))}
+            assert locked <= set(remaining), "a locked block was evicted"
+            assert all(remaining[k] == model[k] for k in remaining)
+            model = remaining
+        assert block_entries(cache) == model
+        assert all((a, p[:-1]) in model for a, p in model if len(p) > 1), "the cache is prefix-closed"
+        locked = {(a, p[: j + 1]) for _, a, p in locks for j in range(len(p))}
+        assert cache.size == UNIT * len(model) == pool.num_used
+        assert cache.locked == UNIT * len(locked)
+    for node, *_ in locks:
+        cache.unlock(node)
+    cache.flush()
+    assert cache.size == cache.locked == pool.num_used == 0
+
+
 def test_eviction_takes_the_least_recently_used_leaf_first():
     pool = TokenPool(100)
     cache = RadixCache(pool)

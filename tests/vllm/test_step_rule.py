@@ -39,17 +39,26 @@ class Recorded(ModelBackend):
         return StepResult([None] * (len(chunks) + len(decodes)), 1.0)
 
 
-def scenario(seed: int) -> dict:
-    """Random tenants, lengths, arrivals and sizes; every request fits in the KV cache alone."""
+def scenario(seed: int, shared: bool = False) -> dict:
+    """Random tenants, lengths, arrivals and sizes; every request fits in the KV cache alone. With
+    `shared`, prompts are token ids, many starting with one of a few common prefixes (a system
+    prompt, a conversation so far) and each ending in tokens of its own; else lengths only (vLLM's
+    prompts then share nothing, and our engine caches each request's tokens as its own)."""
     rng = random.Random(seed)
     blocks = rng.randint(6, 24)  # vLLM's KV cache, its null block included
     usable = (blocks - 1) * BLOCK
+    longest = min(MAX_LEN, usable)
+    prefixes = [[rng.randint(3, 242) for _ in range(rng.randint(1, longest // 2))] for _ in range(3)]
     requests = []
-    for _ in range(rng.randint(4, 24)):
+    for k in range(rng.randint(4, 24)):
         out = rng.randint(1, 60)
-        prompt = rng.randint(1, min(MAX_LEN, usable) - out)
+        prompt = rng.randint(1, longest - out)
+        ids = None
+        if shared:
+            head = rng.choice(prefixes + [[]])[: prompt - 1]
+            ids = head + [243 + k] + [rng.randint(3, 242) for _ in range(prompt - len(head) - 1)]  # then its own
         arrival = rng.choice([0.0, rng.randint(0, 60) + 0.5])
-        requests.append((rng.choice("abc"), prompt, out, arrival))
+        requests.append((rng.choice("abc"), prompt, out, arrival, ids))
     return {"blocks": blocks, "max_seqs": rng.randint(1, 6), "batched": rng.choice([32, 64, 128]), "requests": requests}
 
 
@@ -61,8 +70,8 @@ def vllm_steps(model, spec: str, s: dict) -> tuple[list[dict[int, int]], dict[in
     while pending or sched.has_requests():
         assert len(steps) < 20_000
         while pending and pending[0][1][3] <= now:
-            k, (tenant, prompt, out, _) = pending.pop(0)
-            request = make(tenant, prompt, out)
+            k, (tenant, prompt, out, _, prompt_ids) = pending.pop(0)
+            request = make(tenant, prompt, out, prompt_ids)
             ids[request.request_id] = k
             sched.add_request(request)
         if not sched.has_requests():
@@ -80,7 +89,10 @@ def vllm_steps(model, spec: str, s: dict) -> tuple[list[dict[int, int]], dict[in
 
 def our_steps(spec: str, s: dict) -> tuple[list[dict[int, int]], dict[int, int]]:
     """The same from our engine's chunked batching on a simulated backend."""
-    requests = [Request(tenant, p, out, arrival, rid=k) for k, (tenant, p, out, arrival) in enumerate(s["requests"])]
+    requests = [
+        Request(tenant, p, out, arrival, rid=k, prompt_ids=ids)
+        for k, (tenant, p, out, arrival, ids) in enumerate(s["requests"])
+    ]
     backend = Recorded()
     run_engine(spec, requests, backend, clients=["a", "b", "c"], pool_tokens=(s["blocks"] - 1) * BLOCK,
                batching="chunked", max_num_seqs=s["max_seqs"], max_num_batched_tokens=s["batched"], block_size=BLOCK,
@@ -88,10 +100,11 @@ def our_steps(spec: str, s: dict) -> tuple[list[dict[int, int]], dict[int, int]]
     return backend.steps, {r.rid: r.preemptions for r in requests if r.preemptions}
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["lengths", "shared-prefixes"])
 @pytest.mark.parametrize("spec", ["fcfs", "vtc", "lcf"])
 @pytest.mark.parametrize("seed", range(8))
-def test_our_chunked_batching_schedules_what_vllm_schedules(tiny_model, spec, seed):
-    s = scenario(seed)
+def test_our_chunked_batching_schedules_what_vllm_schedules(tiny_model, spec, seed, shared):
+    s = scenario(seed, shared)
     theirs, their_preemptions = vllm_steps(tiny_model, spec, s)
     ours, our_preemptions = our_steps(spec, s)
     first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
