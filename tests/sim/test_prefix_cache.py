@@ -44,16 +44,21 @@ def brute_match(model: dict, adapter, seq: tuple, limit: int) -> int:
     return k
 
 
+def programs(seqs) -> st.SearchStrategy:
+    """Runs of operations on a tree: inserts and locks of `seqs`, unlocks, evictions."""
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("insert"), st.sampled_from(ADAPTERS), seqs),
+            st.tuples(st.just("acquire"), st.sampled_from(ADAPTERS), seqs, st.integers(0, 8)),
+            st.tuples(st.just("unlock"), st.integers(0, 20)),
+            st.tuples(st.just("evict"), st.integers(0, 12)),
+        ),
+        max_size=40,
+    )
+
+
 seqs = st.lists(st.integers(0, 2), min_size=1, max_size=8).map(tuple)
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("insert"), st.sampled_from(ADAPTERS), seqs),
-        st.tuples(st.just("acquire"), st.sampled_from(ADAPTERS), seqs, st.integers(0, 8)),
-        st.tuples(st.just("unlock"), st.integers(0, 20)),
-        st.tuples(st.just("evict"), st.integers(0, 12)),
-    ),
-    max_size=40,
-)
+ops = programs(seqs)
 
 
 @pytest.mark.parametrize("trim_leaves", [False, True])
@@ -127,17 +132,8 @@ def blocks_of(seq: tuple, u: int) -> tuple:
 
 
 UNIT = 2
-block_seqs = st.lists(st.integers(0, 1), min_size=UNIT, max_size=4 * UNIT).map(
-    lambda s: tuple(s[: len(s) // UNIT * UNIT])
-)
-block_ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("insert"), st.sampled_from(ADAPTERS), block_seqs),
-        st.tuples(st.just("acquire"), st.sampled_from(ADAPTERS), block_seqs, st.integers(0, 8)),
-        st.tuples(st.just("unlock"), st.integers(0, 20)),
-        st.tuples(st.just("evict"), st.integers(0, 12)),
-    ),
-    max_size=40,
+block_ops = programs(
+    st.lists(st.integers(0, 1), min_size=UNIT, max_size=4 * UNIT).map(lambda s: tuple(s[: len(s) // UNIT * UNIT]))
 )
 
 
