@@ -154,18 +154,14 @@ class RouterGroup(Scheduler, Ledger):
     def choose_victim(self, running: list[Request], now: float) -> Request:
         """Each router's victim among its own requests; of those, the largest counter (then the latest)."""
         victims = [r.choose_victim(group, now) for r, group in zip(self.routers, self._by_owner(running)) if group]
-        return max(victims, key=lambda v: (self.routers[self._owner[v.rid]].counter_of(v.client), arrival_key(v)))
+        return max(victims, key=self._victim_key)
 
     def victim_order(self, running: list[Request], now: float) -> list[Request]:
         """choose_victim's order: each router's own order, merged by the key choose_victim compares."""
         orders = [r.victim_order(group, now) for r, group in zip(self.routers, self._by_owner(running)) if group]
-
-        def key(victim: Request) -> tuple:
-            return (self.routers[self._owner[victim.rid]].counter_of(victim.client), arrival_key(victim))
-
         merged = []
         while orders:
-            i = max(range(len(orders)), key=lambda k: key(orders[k][0]))
+            i = max(range(len(orders)), key=lambda k: self._victim_key(orders[k][0]))
             merged.append(orders[i].pop(0))
             if not orders[i]:
                 del orders[i]
@@ -173,6 +169,10 @@ class RouterGroup(Scheduler, Ledger):
 
     def victim_order_after(self, running: list[Request], steps: int, now: float) -> list[Request] | None:
         return None  # the merge compares the routers' counters, which the steps would change
+
+    def _victim_key(self, victim: Request) -> tuple:
+        """Of the routers' victims, the largest counter (its own router's), then the latest arrival."""
+        return (self.routers[self._owner[victim.rid]].counter_of(victim.client), arrival_key(victim))
 
     def remove(self, req: Request) -> bool:
         k = self._owner.get(req.rid)

@@ -158,18 +158,6 @@ class MemoryManager:
         if self.cache:
             self._own[req.rid].extend(written)
 
-    def unwrite(self, req: Request, tokens: int) -> None:
-        """Take back the last `tokens` grown into the request's slots (a step scheduled them, then
-        preempted the request before running): no K/V was computed there, so they are spare again
-        and do not join the tree when the request is released."""
-        if not self._ids or not tokens:
-            return
-        taken = req.kv_slots[-tokens:]
-        del req.kv_slots[-tokens:]
-        if self.cache:
-            del self._own[req.rid][-tokens:]
-        self._spare[req.rid][:0] = taken
-
     def grow_all(self, reqs: list[Request], tokens: int, slots: list[int]) -> None:
         """`grow(req, tokens, slots[i])` for each request in order; on a CountingPool one allocation
         takes them all (the same counts: the caller knows they fit, so no single call would fail)."""
@@ -208,13 +196,10 @@ class MemoryManager:
         another request put them there, and the request keeps its own copy (`cache_prefill`)."""
         if not (self.vllm_cache and self.cache):
             return
-        ids = self.cache_ids(req)
+        ids, shared = self.cache_ids(req), self.shared_tokens(req)
         n = tokens - tokens % self.hit_unit
-        if ids is None or n <= self.shared_tokens(req):
-            return
-        ids = ids[:n]
-        if self.cache.match_len(req.adapter, ids) <= self.shared_tokens(req):
-            self._insert(req, ids, keep_lock=True)
+        if ids is not None and n > shared and self.cache.match_len(req.adapter, ids[:n]) <= shared:
+            self._insert(req, ids[:n], keep_lock=True)
 
     def extend(self, running: list[Request], steps: int = 1) -> None:
         """One more slot per running request and step, for the tokens the next decode steps write
