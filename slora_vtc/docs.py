@@ -58,7 +58,9 @@ DOCS = (
     "docs/vllm.md",
 )
 
-NUMBER = re.compile(r"<!--n:(?P<key>[^>|]+?)(?:\|(?P<fmt>[^>]*))?-->(?P<text>.*?)<!--/n-->", re.S)
+# a key or a format may hold any character but "|" (the key's end) and the comment's end "-->"
+NUMBER = re.compile(r"<!--n:(?P<key>(?:(?!-->)[^|])+?)(?:\|(?P<fmt>(?:(?!-->).)*))?-->(?P<text>.*?)<!--/n-->", re.S)
+OPENING = re.compile(r"<!--n:")
 INCLUDE = re.compile(r"(?P<open><!--include:(?P<path>[^>]+?)-->\n)(?P<text>.*?)(?P<close><!--/include-->)", re.S)
 
 
@@ -129,6 +131,10 @@ def refresh_text(text: str, numbers: Numbers, where: str = "document") -> str:
         body = path.read_text()
         return m["open"] + body + ("" if body.endswith("\n") else "\n") + m["close"]
 
+    read = {m.start() for m in NUMBER.finditer(text)}
+    for m in OPENING.finditer(text):
+        if m.start() not in read:
+            raise UserError(f"{where}:{_line(text, m.start())}: a number's marker is not KEY[|FORMAT]-->TEXT<!--/n-->")
     return NUMBER.sub(number, INCLUDE.sub(include, text))
 
 

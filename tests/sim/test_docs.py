@@ -64,10 +64,19 @@ def test_a_stale_number_is_found_and_refreshed(tmp_path):
     assert refresh_docs([doc], write=False, root=REPO) == []
 
 
+def test_a_key_may_hold_an_arrow():
+    """vllm_steps.json names its cross-checks "a->b": such a marker is read, not left as it was."""
+    key = "vsteps:cross/median/poisson-burst->poisson-closed/wall"
+    wall = json.loads((REPO / "benchmarks/results/vllm_steps.json").read_text())["cross"]["median"]
+    expected = format(wall["poisson-burst->poisson-closed"]["wall"], "+.0%")
+    assert refresh_text(f"<!--n:{key}|+.0%-->?<!--/n-->", Numbers(REPO)) == f"<!--n:{key}|+.0%-->{expected}<!--/n-->"
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
         ("<!--n:nowhere:x-->1<!--/n-->", "doc.md:1: number 'nowhere:x' names no source"),
+        ("a\nb <!--n:fig:overload/vtc/testbed 1<!--/n-->", "doc.md:2: a number's marker is not KEY[|FORMAT]-->"),
         (
             "line\n<!--n:fig:overload/nope-->1<!--/n-->",
             "doc.md:2: figures/numbers.json has no 'overload/nope' (stopped at 'nope')",
