@@ -31,6 +31,10 @@
    that run's measured / calibrated ratio): what is left of an error then is not the machine's drift
    since the calibration. The runs under memory pressure also count preemptions (vLLM's from its step
    log, the simulator's from its result file), and are simulated once more without the prefix cache.
+   Last, each run at its speed with the arrivals vLLM's engine saw: the step log counts the requests
+   handed to vLLM's scheduler before each step (`arrived`), after its HTTP server took them in; each
+   request arrives then at the start of the step that counted it (`{run}.intake.json`), the times
+   moved together so that the earliest is no later than its send time.
 
 Writes benchmarks/results/vllm_fidelity/ (traces, result files, the calibration's steps, the testbed) and
 benchmarks/results/vllm_fidelity.json (what docs/vllm.md and paper_repro.md quote). Run it on a quiet
@@ -65,7 +69,7 @@ from slora_vtc.calibrate_steps import VllmStepModel  # noqa: E402
 from slora_vtc.results import read_results  # noqa: E402
 from slora_vtc.steplog import StepRecord, read_step_log  # noqa: E402
 from slora_vtc.suites import get_suite  # noqa: E402
-from slora_vtc.traces import write_trace  # noqa: E402
+from slora_vtc.traces import read_trace, write_trace  # noqa: E402
 from slora_vtc.workload import RequestSpec  # noqa: E402
 from tests.vllm.server import CPU_ENV, plugin_args  # noqa: E402
 
@@ -242,6 +246,8 @@ def one_run(url: str, step_log: Path, label: str, k: int, name: str, s: Settings
     before, load = _lines(step_log), os.getloadavg()[0]
     bench(OUT / f"{name}.trace.jsonl", url, out, s.deadline, s.deadline, prompt_seed=seed)
     steps = read_step_log(step_log)[before:]  # one line a step: the lines after `before` are the run's
+    intake = [round(r.t, 4) for r in steps for _ in range(r.arrived)]  # each request's step start, in order
+    (OUT / f"{name}_{label}.intake.json").write_text(json.dumps({"t": intake}) + "\n")
     model = VllmStepModel.from_json(json.loads((OUT / "testbed.json").read_text()))
     return {
         "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
@@ -381,6 +387,9 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
                     )
                     without = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio, prefix_cache=False)
                     row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
+                intake = OUT / f"{name}_{label}.intake.json"
+                if intake.exists():
+                    row["at_intake"] = at_intake(trace, intake, scheduler, testbed, pool, s, seconds, ratio, measured)
             print(_row(name, label, row), flush=True)
     return table
 
@@ -423,6 +432,38 @@ def at_run_speed(
         return observed(
             simulate(trace, scheduler, scaled, pool, s, out, seconds, prefix_cache=prefix_cache, jitter=jitter), seconds
         )
+
+
+def at_intake(
+    trace: Path,
+    intake: Path,
+    scheduler: str,
+    testbed: Path,
+    pool: int,
+    s: Settings,
+    seconds: float,
+    ratio: float,
+    measured: dict,
+) -> dict:
+    """at_run_speed with each request arriving when vLLM's engine took it in (the run's intake
+    times, in order, moved together so that no request is taken in before it was sent), and how late
+    that was after the send (median, 90th percentile, largest)."""
+    specs, times = read_trace(trace), json.loads(intake.read_text())["t"]
+    if len(times) != len(specs):
+        return {"skipped": f"{len(times)} requests taken in, {len(specs)} sent"}
+    sent = [r.arrival for r in specs]
+    shift = min(t - a for t, a in zip(times, sent))
+    late = sorted(t - shift - a for t, a in zip(times, sent))
+    moved = [RequestSpec(r.client, r.prompt_len, r.output_len, t - shift) for r, t in zip(specs, times)]
+    with tempfile.TemporaryDirectory() as folder:
+        moved_trace = Path(folder) / "intake.trace.jsonl"
+        write_trace(moved, moved_trace)
+        predicted = at_run_speed(moved_trace, scheduler, testbed, pool, s, seconds, ratio)
+    return {
+        **verdict(measured, predicted),
+        "preemptions": predicted["preemptions"],
+        "late_s": {"median": late[len(late) // 2], "p90": late[9 * len(late) // 10], "max": late[-1]},
+    }
 
 
 def machine_speed(runs: dict) -> dict:
@@ -477,8 +518,9 @@ def _pressure_table(runs: dict) -> str:
         "",
         "| workload | requests preempted: vLLM, simulated (at the run's speed; in brackets, with each arrival up to "
         f"{JITTER_MS:.0f} ms later, the lowest to the highest over {JITTER_SEEDS} seeds) "
-        "| at the run's speed without the prefix cache: preempted; tokens/s, shares, mean TTFT (s) |",
-        "|---|---|---|",
+        "| at the run's speed without the prefix cache: preempted; tokens/s, shares, mean TTFT (s) "
+        "| at the run's speed, each request arriving when vLLM's engine took it in: preempted |",
+        "|---|---|---|---|",
     ]
     for name, row in rows:
         without = row["without_prefix_cache"]
@@ -489,7 +531,7 @@ def _pressure_table(runs: dict) -> str:
             f"| {name} | {row['vllm_preempted']}, {row['sim']['preemptions']} ({at_speed['preemptions']}; "
             f"{low} to {high}) "
             f"| {without['preemptions']}; {without['throughput_error']:+.1%}, {without['share_points']:.1f} points, "
-            f"TTFT {ttft}: {_verdict_words(without)} |"
+            f"TTFT {ttft}: {_verdict_words(without)} | {row.get('at_intake', {}).get('preemptions', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -527,6 +569,21 @@ def within_targets(runs: dict) -> dict[str, int]:
         "all": _all_met(runs.values()),
         "all_at_run_speed": _all_met(at_speed),
         "ttft_at_run_speed": sum(bool(row["ttft_ok"]) for row in at_speed),
+        **_at_intake_counts(runs),
+    }
+
+
+def _at_intake_counts(runs: dict) -> dict:
+    """Runs simulated at vLLM's intake times (logs from before the step log's `arrived` have none)."""
+    rows = [row["at_intake"] for row in runs.values() if "preemptions" in row.get("at_intake", {})]
+    if not rows:
+        return {}
+    return {
+        "at_intake_runs": len(rows),
+        "all_at_intake": _all_met(rows),
+        "ttft_at_intake": sum(bool(row["ttft_ok"]) for row in rows),
+        "intake_late_s_max": max(row["late_s"]["max"] for row in rows),
+        "intake_late_s_median_max": max(row["late_s"]["median"] for row in rows),
     }
 
 
@@ -542,6 +599,11 @@ def memory_pressure(runs: dict) -> dict:
             "sim": sum(row["sim"]["preemptions"] for row in rows),
             "at_run_speed": sum(row["at_run_speed"]["preemptions"] for row in rows),
             "without_prefix_cache": sum(row["without_prefix_cache"]["preemptions"] for row in rows),
+            **(
+                {"at_intake": sum(row["at_intake"]["preemptions"] for row in rows)}
+                if all("preemptions" in row.get("at_intake", {}) for row in rows)
+                else {}
+            ),
         },
         "vllm_within_jitter_band": sum(  # runs whose count of vLLM's lies within the simulator's at run speed
             low <= row["vllm_preempted"] <= high

@@ -68,6 +68,8 @@ class Engine:
         """Hand a new request to the scheduler; a request that can never fit is rejected."""
         if req.rid < 0:
             req.rid, self._next_rid = self._next_rid, self._next_rid + 1
+        if self.step_log is not None:
+            self.step_log.took_in()
         if req.adapter is not None and not self.backend.has_adapter(req.adapter):
             self._end(req, State.REJECTED, f"unknown LoRA adapter '{req.adapter}'")
             return False

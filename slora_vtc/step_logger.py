@@ -3,7 +3,8 @@ from either loop (S-LoRA's prefill and decode passes, or chunked batching's mixe
 
 Times come from the engine's clock: `t` is a step's start since the first step, `wall_s` its length
 (the simulated step time on a simulator), `gap_s` the time between the previous step's end and its
-start (0 on a simulator, where nothing happens between steps).
+start (0 on a simulator, where nothing happens between steps). `arrived`: the requests handed to the
+engine (`Engine.add_request`) since the step before.
 """
 
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ class StepLogger:
         self._steps = 0
         self._first: float | None = None
         self._last_end: float | None = None
+        self._arrived = 0
+
+    def took_in(self) -> None:
+        """The engine was handed a request."""
+        self._arrived += 1
 
     def step(self, start: float, elapsed: float, work: StepWork) -> None:
         if self._first is None:
@@ -40,7 +46,8 @@ class StepLogger:
         memory = self.memory
         kv = memory.pool.num_used - sum(memory.slots_of(a) for a in memory.adapters)
         self.writer.write(StepRecord(step=self._steps, t=start - self._first, wall_s=elapsed, gap_s=gap,
-                                     kv_tokens=kv, **work.__dict__))  # fmt: skip
+                                     kv_tokens=kv, arrived=self._arrived, **work.__dict__))  # fmt: skip
+        self._arrived = 0
         self._steps += 1
 
     def close(self) -> None:

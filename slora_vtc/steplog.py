@@ -9,7 +9,8 @@ its start (the host's work outside steps). Prefill: the prompt tokens the step c
 the positions before the chunk (what attention over earlier K/V costs), `cached_tokens` the
 prefix-cache hits of requests first scheduled in it. Decode: `decode_reqs` requests, attending over
 `context_tokens` tokens in all. `kv_tokens`: tokens held in the KV cache; `preempted`: requests
-preempted in the step.
+preempted in the step; `arrived`: requests the engine took in since the step before it was scheduled
+(when each request reached the engine, to within a step: scripts/vllm_fidelity.py replays them so).
 """
 
 import json
@@ -34,9 +35,11 @@ class StepRecord:
     context_tokens: int
     kv_tokens: int
     preempted: int = 0
+    arrived: int = 0
 
 
 FIELDS = tuple(f.name for f in fields(StepRecord))
+OPTIONAL = ("preempted", "arrived")  # logs written before these fields were added lack them
 
 
 class StepLogWriter:
@@ -80,7 +83,7 @@ def _record(path, number: int, line: str) -> StepRecord:
         raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}:{number}: a step record is a JSON object")
-    missing = [name for name in FIELDS if name not in raw and name != "preempted"]
+    missing = [name for name in FIELDS if name not in raw and name not in OPTIONAL]
     if missing:
         raise UserError(f"{path}:{number}: missing field '{missing[0]}'")
     try:

@@ -55,6 +55,8 @@ class FairPolicy:
 
     # -- arrivals --------------------------------------------------------------------------------------
     def add_request(self, request) -> None:
+        if self.step_log:
+            self.step_log.took_in()
         super().add_request(request)
         if self.rejected and self.rejected[-1].vreq is request:
             super().finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)

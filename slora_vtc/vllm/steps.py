@@ -16,7 +16,9 @@ What a step computed is read after its `schedule()`, from the SchedulerOutput an
 - `kv_tokens`: KV blocks in use after the step's allocation (blocks not free, less vLLM's null
   block) x the block size; blocks shared by requests count once, the unused tail of a last block in
   full;
-- `preempted`: the requests vLLM preempted in that `schedule()`.
+- `preempted`: the requests vLLM preempted in that `schedule()`;
+- `arrived`: the requests vLLM's engine core handed the scheduler (`add_request`) since the last
+  step written was scheduled: when each request reached the engine, past vLLM's HTTP server.
 
 Times come from the caller (the plugin's driver, FairScheduler, keeps the clock): when `schedule()`
 began and when the matching `update_from_output()` ended. A step starts when both its `schedule()`
@@ -55,6 +57,11 @@ class StepLog:
         self.origin: float | None = None
         self.last_end: float | None = None
         self.steps = 0
+        self.arrived = 0  # requests taken in since the last step written was scheduled
+
+    def took_in(self) -> None:
+        """vLLM handed the scheduler a request."""
+        self.arrived += 1
 
     def scheduled(self, scheduler, output, started: float) -> None:
         """After `scheduler.schedule()` (begun at `started`) returned `output`."""
@@ -83,6 +90,7 @@ class StepLog:
                 record["context_tokens"] += end
         record["kv_tokens"] = _kv_tokens(scheduler)
         record["preempted"] = len(output.preempted_req_ids or ())
+        record["arrived"], self.arrived = self.arrived, 0
         self.pending.append(_Pending(output, started, record))
 
     def updated(self, output, ended: float) -> None:

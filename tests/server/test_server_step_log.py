@@ -44,6 +44,7 @@ def test_the_servers_step_log_adds_up_to_its_requests(tmp_path, batching):
     assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in PROMPTS)
     assert sum(s.decode_reqs for s in steps) == len(PROMPTS) * (OUTPUT - 1)
     assert sum(s.preempted for s in steps) == 0
+    assert sum(s.arrived for s in steps) == len(PROMPTS) and steps[0].arrived >= 1  # each counted once, before its step
     assert [s.step for s in steps] == list(range(len(steps)))
     assert all(s.wall_s > 0 for s in steps)  # the wall clock: real steps take time
     assert all(b.t >= a.t + a.wall_s for a, b in zip(steps, steps[1:]))  # one after another, in order

@@ -348,6 +348,15 @@ def test_the_step_log_has_a_record_per_step_that_adds_up(capsys, tmp_path):
     last, first_arrival = steps[-1], min(r.req_time for r in finished)  # the first step starts at it
     assert last.t + last.wall_s == pytest.approx(result.total_time - first_arrival, rel=1e-9)
     assert all(b.t == pytest.approx(a.t + a.wall_s, abs=1e-9) or b.t > a.t + a.wall_s for a, b in zip(steps, steps[1:]))
+    assert [s.arrived for s in steps] == arrived_before_each(steps, finished)
+
+
+def arrived_before_each(steps, responses) -> list[int]:
+    """The requests that arrived after one step started and no later than the next one's start (the
+    engine takes in what has arrived, then steps): each step's `arrived`, counted from the arrivals."""
+    first, arrivals = min(r.req_time for r in responses), sorted(r.req_time for r in responses)
+    by_start = [sum(a <= first + s.t + 1e-9 for a in arrivals) for s in steps]
+    return [n - m for n, m in zip(by_start, [0, *by_start])]
 
 
 def test_the_slora_loop_logs_its_steps_too(capsys, tmp_path):
@@ -358,6 +367,7 @@ def test_the_slora_loop_logs_its_steps_too(capsys, tmp_path):
     result = read_results(tmp_path / "r.jsonl")[0]
     finished = [r for r in result.responses if r.status == "finished"]
     assert all((s.prefill_reqs == 0) != (s.decode_reqs == 0) for s in steps)  # S-LoRA: never mixed
+    assert [s.arrived for s in steps] == arrived_before_each(steps, finished)
     assert sum(s.prefill_tokens for s in steps) == sum(r.prompt_len + 1 for r in finished)
     assert sum(s.decode_reqs for s in steps) == sum(r.output_len - 1 for r in finished)
 

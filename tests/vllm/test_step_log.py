@@ -113,6 +113,19 @@ def test_a_preemption_and_the_resumed_prefill_are_logged(tiny_model, tmp_path):
     assert sum(t["preempted"] for t in sched.fair_snapshot()["tenants"].values()) == 1
 
 
+def test_each_step_counts_the_requests_handed_over_before_it(tiny_model, tmp_path):
+    # two requests before the first step (both prefilled in it, 2 + 3 tokens out: 1 + 2 more
+    # steps), a third after they end: its step counts it, the others none
+    sched, path = logged(tiny_model, tmp_path)
+    make = Requests().make
+    sched.add_request(make("a", 20, 2))
+    sched.add_request(make("b", 30, 3))
+    run(sched)
+    sched.add_request(make("a", 10, 2))
+    run(sched)
+    assert [r.arrived for r in read_step_log(path)] == [2, 0, 0, 1, 0]
+
+
 def test_without_the_key_nothing_is_logged(tiny_model, tmp_path):
     sched = scheduler(tiny_model, {"scheduler": "vtc"})
     assert sched.step_log is None
