@@ -372,8 +372,9 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
             machine = info.get("runs", {}).get(name, {})
             row = table[f"{name}/{label}"] = {"vllm": measured, "sim": predicted, **verdict(measured, predicted)}
             row.update(machine)
-            band = jitter_band(trace, scheduler, testbed, pool, s, seconds)
+            band, shares = jitter_band(trace, scheduler, testbed, pool, s, seconds, measured)
             row["ttft_jitter_band"] = {tenant: band[tenant] for tenant in row["ttft_pairs"]}
+            row["share_points_jitter_band"] = shares
             if "step_time_ratio" in machine:
                 ratio = machine["step_time_ratio"]
                 at_speed = at_run_speed(trace, scheduler, testbed, pool, s, seconds, ratio)
@@ -394,18 +395,24 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
     return table
 
 
-def jitter_band(trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, seconds: float) -> dict:
-    """Each tenant's predicted mean TTFT, lowest and highest, over replays whose arrivals come up to
-    JITTER_MS later (one seed each); the table keeps the compared tenants' (20+ finished requests)."""
+def jitter_band(
+    trace: Path, scheduler: str, testbed: Path, pool: int, s: Settings, seconds: float, measured: dict
+) -> tuple[dict, list[float]]:
+    """Over replays whose arrivals come up to JITTER_MS later (one seed each): each tenant's predicted
+    mean TTFT, lowest and highest (the table keeps the compared tenants', 20+ finished requests), and
+    the lowest and highest of the largest share error against `measured` (vLLM's run)."""
     band: dict[str, list[float]] = {}
+    share_points = []
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(JITTER_SEEDS):
             out = Path(folder) / f"{seed}.jsonl"
             simulate(trace, scheduler, testbed, pool, s, out, duration=seconds, jitter=(JITTER_MS, seed))
-            for tenant, ttft in observed(out, seconds)["ttft_mean_s"].items():
+            predicted = observed(out, seconds)
+            for tenant, ttft in predicted["ttft_mean_s"].items():
                 low, high = band.get(tenant, [ttft, ttft])
                 band[tenant] = [min(low, ttft), max(high, ttft)]
-    return band
+            share_points.append(verdict(measured, predicted)["share_points"])
+    return band, _spread(share_points)
 
 
 def at_run_speed(
@@ -489,7 +496,8 @@ def _row(name: str, scheduler: str, row: dict) -> str:
 def markdown_table(runs: dict) -> str:
     """One row per run: throughput, the largest share error, each compared tenant's mean TTFT, verdict."""
     lines = [
-        "| workload | scheduler | tokens/s: vLLM, simulated | shares: largest error | mean TTFT (s): vLLM, simulated "
+        "| workload | scheduler | tokens/s: vLLM, simulated | shares: largest error (in brackets, with each arrival "
+        f"up to {JITTER_MS:.0f} ms later, the lowest to the highest) | mean TTFT (s): vLLM, simulated "
         f"(tenants with {MIN_REQUESTS}+ finished; in brackets, simulated with each arrival up to {JITTER_MS:.0f} ms "
         f"later, the lowest to the highest over {JITTER_SEEDS} seeds) | within the targets "
         "| vLLM's steps against the calibrated model; the prediction at that speed (tokens/s, shares, mean TTFT) |",
@@ -501,7 +509,8 @@ def markdown_table(runs: dict) -> str:
         ttft = "; ".join(_ttft_words(c, v, row) for c, v in row["ttft_pairs"].items()) or "none"
         lines.append(
             f"| {name} | {scheduler} | {real:,.0f}, {sim:,.0f} ({row['throughput_error']:+.1%}) "
-            f"| {row['share_points']:.1f} points | {ttft} | {_verdict_words(row)} | {_machine_words(row)} |"
+            f"| {row['share_points']:.1f} points ({_band(row.get('share_points_jitter_band'))}) | {ttft} "
+            f"| {_verdict_words(row)} | {_machine_words(row)} |"
         )
     return "\n".join(lines) + "\n" + _pressure_table(runs)
 
@@ -534,6 +543,10 @@ def _pressure_table(runs: dict) -> str:
             f"TTFT {ttft}: {_verdict_words(without)} | {row.get('at_intake', {}).get('preemptions', '-')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _band(band: list[float] | None) -> str:
+    return "-" if band is None else f"{band[0]:.1f} to {band[1]:.1f}"
 
 
 def _ttft_words(tenant: str, pair: dict, row: dict) -> str:
@@ -569,6 +582,10 @@ def within_targets(runs: dict) -> dict[str, int]:
         "all": _all_met(runs.values()),
         "all_at_run_speed": _all_met(at_speed),
         "ttft_at_run_speed": sum(bool(row["ttft_ok"]) for row in at_speed),
+        "shares_within_jitter": sum(  # runs with a replay, its arrivals jittered, within the shares' target
+            (band := row.get("share_points_jitter_band")) is not None and band[0] <= TARGETS["share_points"]
+            for row in runs.values()
+        ),
         **_at_intake_counts(runs),
     }
 
@@ -665,6 +682,12 @@ def main() -> int:
     record["jitter"] = {"ms": JITTER_MS, "seeds": JITTER_SEEDS}
     record["speed"] = machine_speed(record["runs"])
     record["memory_pressure"] = memory_pressure(record["runs"])
+    record["shares_missed"] = [  # the runs whose shares missed the target, named for the docs
+        {"run": key, "share_points": row["share_points"], "jitter_band": row["share_points_jitter_band"],
+         "at_run_speed": row.get("at_run_speed", {}).get("share_points"),
+         "at_intake": row.get("at_intake", {}).get("share_points")}
+        for key, row in record["runs"].items() if not row["shares_ok"]
+    ]  # fmt: skip
     record["ttft_jitter_band_widest_s"] = max(
         high - low for row in record["runs"].values() for low, high in row["ttft_jitter_band"].values()
     )
