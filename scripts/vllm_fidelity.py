@@ -55,7 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -390,7 +392,9 @@ def compare(s: Settings, runs: dict, arrivals_s: dict[str, float]) -> dict:
                     row["without_prefix_cache"] = {**verdict(measured, without), "preemptions": without["preemptions"]}
                 intake = OUT / f"{name}_{label}.intake.json"
                 if intake.exists():
-                    row["at_intake"] = at_intake(trace, intake, scheduler, testbed, pool, s, seconds, ratio, measured)
+                    replay = partial(at_run_speed, scheduler=scheduler, testbed=testbed, pool=pool, s=s,
+                                     seconds=seconds, ratio=ratio)  # fmt: skip
+                    row["at_intake"] = at_intake(trace, intake, measured, replay)
             print(_row(name, label, row), flush=True)
     return table
 
@@ -441,20 +445,11 @@ def at_run_speed(
         )
 
 
-def at_intake(
-    trace: Path,
-    intake: Path,
-    scheduler: str,
-    testbed: Path,
-    pool: int,
-    s: Settings,
-    seconds: float,
-    ratio: float,
-    measured: dict,
-) -> dict:
-    """at_run_speed with each request arriving when vLLM's engine took it in (the run's intake
-    times, in order, moved together so that no request is taken in before it was sent), and how late
-    that was after the send (median, 90th percentile, largest)."""
+def at_intake(trace: Path, intake: Path, measured: dict, predict: Callable[[Path], dict]) -> dict:
+    """`predict` (a trace's replay, observed) with each request arriving when vLLM's engine took it in
+    (the run's intake times, in order, moved together so that no request is taken in before it was
+    sent), its verdict against `measured`, and how late the intake was after the send (median, 90th
+    percentile, largest)."""
     specs, times = read_trace(trace), json.loads(intake.read_text())["t"]
     if len(times) != len(specs):
         return {"skipped": f"{len(times)} requests taken in, {len(specs)} sent"}
@@ -465,7 +460,7 @@ def at_intake(
     with tempfile.TemporaryDirectory() as folder:
         moved_trace = Path(folder) / "intake.trace.jsonl"
         write_trace(moved, moved_trace)
-        predicted = at_run_speed(moved_trace, scheduler, testbed, pool, s, seconds, ratio)
+        predicted = predict(moved_trace)
     return {
         **verdict(measured, predicted),
         "preemptions": predicted["preemptions"],
