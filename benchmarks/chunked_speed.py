@@ -18,6 +18,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,31 +49,36 @@ def timed(exp: Experiment) -> tuple[float, int]:
     return time.perf_counter() - start, len(result.responses)
 
 
-def engine_steps(exp: Experiment, batching: str) -> int:
-    """The engine's events in one run of `exp` (counted around the methods, untimed): its step()
-    calls under S-LoRA's loop; under chunked batching, which runs every event up to the next arrival
-    in one step() call, its single steps and macro-steps."""
-    calls = 0
+def engine_steps(exp: Experiment, batching: str) -> Counter:
+    """The engine's events in one run of `exp` (counted around the methods, untimed), by kind: its
+    step() calls under S-LoRA's loop (`step`); under chunked batching, which runs every event up to
+    the next arrival in one step() call, its macro-steps (`macro`) and its single steps, those that
+    admit from the waiting queue (`admitting`), those that preempt (`preempting`: such a step admits
+    nothing) and the others (`other`: a prefill's next chunk, decodes the macro-steps could not take)."""
+    kinds: Counter = Counter()
 
-    def counted(original):
+    def counted(original, kind):
         def call(*args):
-            nonlocal calls
-            calls += 1
-            return original(*args)
+            result = original(*args)
+            kinds[kind(result)] += 1
+            return result
 
         return call
 
-    patched = [(Engine, "step")] if batching == "slora" else [
-        (ChunkedBatching, "_single_step"), (chunked, "decode_ahead")]  # fmt: skip
-    originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
-    for owner, name, original in originals:
-        setattr(owner, name, counted(original))
+    def single(plan) -> str:
+        return "admitting" if plan.started else "preempting" if plan.preempted else "other"
+
+    patched = [(Engine, "step", lambda _: "step")] if batching == "slora" else [
+        (ChunkedBatching, "_schedule", single), (chunked, "decode_ahead", lambda _: "macro")]  # fmt: skip
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+    for (owner, name, original), (_, _, kind) in zip(originals, patched):
+        setattr(owner, name, counted(original, kind))
     try:
         run_experiment(exp)
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
-    return calls
+    return kinds
 
 
 def measure(repeats: int) -> list[dict]:
@@ -91,8 +97,10 @@ def measure(repeats: int) -> list[dict]:
         row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
         for batching in BATCHINGS:
             exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
-            steps = engine_steps(exp, batching)
+            kinds = engine_steps(exp, batching)
+            steps = sum(kinds.values())
             row[f"{batching}_steps_per_request"] = steps / requests
+            row[f"{batching}_steps_per_request_by_kind"] = {k: n / requests for k, n in sorted(kinds.items())}
             row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
         rows.append(row)
         print(
