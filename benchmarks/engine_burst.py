@@ -10,7 +10,9 @@ matmuls, model/batch_kv.py), `sdpa` (the dense copy attended by SDPA's fused ker
 (the projections on the weights as loaded, through F.linear, as before linear.py). One cProfile run of each gives
 the shares of the largest ops. All four must produce the same tokens. Beside the burst, the projections' own
 speed: GFLOP/s of F.linear and of the packed path on the model's weight shapes, for a decode batch's rows and a
-prefill's. Writes benchmarks/results/engine_burst.json.
+prefill's; and the decode attention's own time on the burst's shape (every layer's K/V, too large for the cache)
+in three ways, against the time it takes to read those K/V once (`attention_layouts`). Writes
+benchmarks/results/engine_burst.json.
 
     .venv/bin/python benchmarks/engine_burst.py --model DIR
 """
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
@@ -111,6 +114,38 @@ def projection_speeds(weights, decode_rows: int, prefill_rows: int, repeats: int
     return out
 
 
+def attention_layouts(spec, batch: int, context: int, capacity: int, repeats: int = 20) -> dict:
+    """Milliseconds of one decode step's float32 attention over every layer (one query row per request, the K/V
+    of `batch` requests at `context` tokens in a copy of `capacity` columns, as batch_kv.py keeps it): scores as
+    K q^T (K laid out as V, batch_kv.py's way), as q K^T over K transposed (its way before), SDPA; and a sum
+    over the same K/V, the time reading them takes. Each layer's K/V are read in turn, as a step reads them."""
+    layers, heads, dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
+    group = spec.num_heads // heads
+    q = torch.randn(batch, heads, group, dim)
+    k = torch.randn(layers, batch, heads, capacity, dim)
+    k_t = k.transpose(-1, -2).contiguous()
+    v = torch.randn(layers, batch, heads, capacity, dim)
+    flat = torch.cat([k[:, :, :, :context].flatten(), v[:, :, :, :context].flatten()]).view(2, layers, -1)
+    ways = {
+        "k_qt": lambda i: torch.matmul(
+            torch.matmul(k[i, :, :, :context], q.transpose(-1, -2)).transpose(-1, -2).softmax(-1), v[i, :, :, :context]
+        ),
+        "q_kt": lambda i: torch.matmul(torch.matmul(q, k_t[i, ..., :context]).softmax(-1), v[i, :, :, :context]),
+        "sdpa": lambda i: F.scaled_dot_product_attention(q, k[i, :, :, :context], v[i, :, :, :context]),
+        "read": lambda i: flat[0, i].sum() + flat[1, i].sum(),
+    }
+    out = {}
+    with torch.inference_mode():
+        for name, way in ways.items():
+            way(0)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                for i in range(layers):
+                    way(i)
+            out[name] = (time.perf_counter() - start) / repeats * 1e3
+    return {"batch": batch, "context": context, "capacity": capacity, "megabytes": flat.numel() * 4 / 1e6, "ms": out}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face model folder")
@@ -161,11 +196,14 @@ def main() -> None:
         "matmuls_speedup": median["sdpa"] / median["dense"],
         "packing_speedup": median["unpacked"] / median["dense"],
         "projection_gflops": projection_speeds(as_loaded, args.num_prompts, args.input_len * args.num_prompts),
+        "attention_layouts": attention_layouts(
+            backend.spec, args.num_prompts, args.input_len + args.output_len // 2, args.input_len + args.output_len
+        ),
         "op_shares": profiles,
         "same_tokens": True,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    shown = ("cpu_s", "speedup", "matmuls_speedup", "packing_speedup", "projection_gflops")
+    shown = ("cpu_s", "speedup", "matmuls_speedup", "packing_speedup", "projection_gflops", "attention_layouts")
     print(json.dumps({k: record[k] for k in shown}, indent=1))
 
 

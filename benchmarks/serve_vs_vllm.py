@@ -266,6 +266,7 @@ def main() -> None:
         "baseline": None if args.baseline is None else str(args.baseline),
         "baseline_git": None if args.baseline is None else _git_revision(args.baseline),
         "ratio_output_throughput": ratios,
+        **pairs_at(ratios),
         "target": TARGET,
         "goal": GOAL,
         "runs": runs,
@@ -273,6 +274,14 @@ def main() -> None:
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     for name, ratio in ratios.items():
         print(f"{name} / vLLM output tokens/s: median {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})")
+
+
+def pairs_at(ratios: dict) -> dict:
+    """Per server, how many alternated pairs reached the target and the goal."""
+    return {
+        f"pairs_at_{name}": {server: sum(r >= level for r in ratio["all"]) for server, ratio in ratios.items()}
+        for name, level in (("target", TARGET), ("goal", GOAL))
+    }
 
 
 def _version(module: str) -> str:

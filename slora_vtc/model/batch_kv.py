@@ -4,16 +4,18 @@ The pool keeps each token's K/V in a slot anywhere in it, so the torch decode at
 batch's whole context out of the pool at every step and layer before attending: on a CPU that copy
 took about two thirds of the attention's time (batch 64, context 192; benchmarks/README.md, "Our
 serve against vLLM"). While the running batch stays the same (the same requests in the same order,
-each one token longer per step), BatchKV keeps that gathered copy, per layer V [B, kv_heads, capacity,
-head_dim] and K transposed (below); a step writes only the new token into it, and attention reads it
-in place. The pool stays the truth: a batch that changed (a request joined or left) is gathered afresh
-from it, as before. The copy is bounded (at most the pool's size and `max_bytes`); beyond, the gathering path is used.
+each one token longer per step), BatchKV keeps that gathered copy, per layer K and V [B, kv_heads,
+capacity, head_dim]; a step writes only the new token into it, and attention reads it in place. The pool
+stays the truth: a batch that changed (a request joined or left) is gathered afresh from it, as before. The
+copy is bounded (at most the pool's size and `max_bytes`); beyond, the gathering path is used.
 
-K is kept transposed, [B, kv_heads, head_dim, capacity], so that each head's scores q K^T are a row
-times a matrix with contiguous rows, and float32 attention is two batched matmuls with a softmax
-between them (`matmuls`): for a single query row per request, SDPA's fused CPU kernel took more than
-twice as long as reading the K/V takes, the matmuls about two thirds as long as SDPA (benchmarks/README.md,
-"Our serve against vLLM"). Other dtypes, or `matmuls=False`, take SDPA over the same copy.
+Float32 attention is two batched matrix products with a softmax between them (`matmuls`), each reading one
+contiguous block of `width` rows of a head's K or V: the scores as K q^T (one column per query row), then
+the weights times V. For a single query row per request, SDPA's fused CPU kernel took more than twice as
+long as reading the K/V takes (benchmarks/README.md, "Our serve against vLLM"), and scores as q K^T over a
+transposed K, the layout before this one, a third longer than K q^T on a batch whose K/V did not fit in the
+cache (batch 64, context 190, four layers; one core). Other dtypes, or `matmuls=False`, take SDPA over the
+same copy.
 """
 
 from dataclasses import dataclass
@@ -27,9 +29,8 @@ DENSE_MAX_BYTES = 512 << 20  # the most memory the dense copy may take (K and V,
 
 @dataclass(frozen=True)
 class DenseKV:
-    """This step's view of the dense copy: K [layers, B, kv_heads, D, capacity] (transposed) and V [layers, B,
-    kv_heads, capacity, D]; `refill`: gather the whole context from the pool (the batch changed), else write only
-    the new token."""
+    """This step's view of the dense copy: K and V [layers, B, kv_heads, capacity, D]; `refill`: gather the
+    whole context from the pool (the batch changed), else write only the new token."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -55,19 +56,19 @@ class DenseKV:
         k, v = self.k[layer], self.v[layer]
         if self.refill:
             shape = (batch, width, *k_cache.shape[1:])
-            k[..., :width] = k_cache.index_select(0, slot_table.flatten()).view(shape).permute(0, 2, 3, 1)
+            k[:, :, :width] = k_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
             v[:, :, :width] = v_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
         else:
             rows = torch.arange(batch, device=q.device)
-            k[rows, :, :, positions] = new_k.to(k.dtype)
+            k[rows, :, positions] = new_k.to(k.dtype)
             v[rows, :, positions] = new_v.to(v.dtype)
         # query heads sharing a KV head become that head's rows of queries ([B, Hk, group, D]), as in torch_ops
         q = q.unflatten(1, (k.shape[1], -1))
-        keys_t, values, mask = k[..., :width], v[:, :, :width], _padding_mask(seq_lens, width)
+        keys, values, mask = k[:, :, :width], v[:, :, :width], _padding_mask(seq_lens, width)
         if not (self.matmuls and q.dtype == torch.float32):
-            out = F.scaled_dot_product_attention(q, keys_t.transpose(-1, -2), values, attn_mask=mask, scale=scale)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
             return out.flatten(1, 2)
-        scores = torch.matmul(q, keys_t).mul_(scale)  # [B, Hk, group, width]
+        scores = torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2).mul_(scale)  # [B, Hk, group, width]
         if mask is not None:
             scores.masked_fill_(~mask, float("-inf"))
         return torch.matmul(scores.softmax(-1), values).flatten(1, 2)
@@ -116,7 +117,7 @@ class BatchKV:
         self._k = self._v = None  # free the old copy before the new one
         # zeros, not empty: attention weighs padding columns by 0, and 0 x NaN garbage would still be NaN
         new = partial(torch.zeros, dtype=self.dtype, device=self.device)
-        self._k = new((self.layers, rows, self.kv_heads, self.head_dim, cols))  # K transposed
+        self._k = new((self.layers, rows, self.kv_heads, cols, self.head_dim))
         self._v = new((self.layers, rows, self.kv_heads, cols, self.head_dim))
 
 
