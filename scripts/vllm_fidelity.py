@@ -585,9 +585,14 @@ def within_targets(runs: dict) -> dict[str, int]:
     }
 
 
+def _simulated_at_intake(row: dict) -> bool:
+    """Whether a run was simulated at vLLM's intake times (logs from before the step log's `arrived` were not)."""
+    return "preemptions" in row.get("at_intake", {})
+
+
 def _at_intake_counts(runs: dict) -> dict:
-    """Runs simulated at vLLM's intake times (logs from before the step log's `arrived` have none)."""
-    rows = [row["at_intake"] for row in runs.values() if "preemptions" in row.get("at_intake", {})]
+    """Runs simulated at vLLM's intake times."""
+    rows = [row["at_intake"] for row in runs.values() if _simulated_at_intake(row)]
     if not rows:
         return {}
     return {
@@ -613,7 +618,7 @@ def memory_pressure(runs: dict) -> dict:
             "without_prefix_cache": sum(row["without_prefix_cache"]["preemptions"] for row in rows),
             **(
                 {"at_intake": sum(row["at_intake"]["preemptions"] for row in rows)}
-                if all("preemptions" in row.get("at_intake", {}) for row in rows)
+                if all(_simulated_at_intake(row) for row in rows)
                 else {}
             ),
         },
