@@ -13,8 +13,8 @@ Float32 attention is two batched matrix products with a softmax between them (`m
 contiguous block of `width` rows of a head's K or V: the scores as K q^T (one column per query row), then
 the weights times V. For a single query row per request, SDPA's fused CPU kernel took more than twice as
 long as reading the K/V takes (benchmarks/README.md, "Our serve against vLLM"), and scores as q K^T over a
-transposed K, the layout before this one, a third longer than K q^T on a batch whose K/V did not fit in the
-cache (batch 64, context 190, four layers; one core). Other dtypes, or `matmuls=False`, take SDPA over the
+transposed K, the layout before this one, longer than K q^T on a batch whose K/V did not fit in the cache
+(benchmarks/results/engine_burst.json, `attention_layouts`). Other dtypes, or `matmuls=False`, take SDPA over the
 same copy.
 """
 
@@ -23,6 +23,8 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from slora_vtc.model.torch_ops import gather_heads, padding_mask
 
 DENSE_MAX_BYTES = 512 << 20  # the most memory the dense copy may take (K and V, every layer)
 
@@ -55,16 +57,15 @@ class DenseKV:
         batch, width = slot_table.shape
         k, v = self.k[layer], self.v[layer]
         if self.refill:
-            shape = (batch, width, *k_cache.shape[1:])
-            k[:, :, :width] = k_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
-            v[:, :, :width] = v_cache.index_select(0, slot_table.flatten()).view(shape).transpose(1, 2)
+            k[:, :, :width] = gather_heads(k_cache, slot_table)
+            v[:, :, :width] = gather_heads(v_cache, slot_table)
         else:
             rows = torch.arange(batch, device=q.device)
             k[rows, :, positions] = new_k.to(k.dtype)
             v[rows, :, positions] = new_v.to(v.dtype)
         # query heads sharing a KV head become that head's rows of queries ([B, Hk, group, D]), as in torch_ops
         q = q.unflatten(1, (k.shape[1], -1))
-        keys, values, mask = k[:, :, :width], v[:, :, :width], _padding_mask(seq_lens, width)
+        keys, values, mask = k[:, :, :width], v[:, :, :width], padding_mask(seq_lens, width)
         if not (self.matmuls and q.dtype == torch.float32):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
             return out.flatten(1, 2)
@@ -117,13 +118,5 @@ class BatchKV:
         self._k = self._v = None  # free the old copy before the new one
         # zeros, not empty: attention weighs padding columns by 0, and 0 x NaN garbage would still be NaN
         new = partial(torch.zeros, dtype=self.dtype, device=self.device)
-        self._k = new((self.layers, rows, self.kv_heads, cols, self.head_dim))
-        self._v = new((self.layers, rows, self.kv_heads, cols, self.head_dim))
-
-
-def _padding_mask(seq_lens: torch.Tensor, width: int) -> torch.Tensor | None:
-    """[B, 1, 1, L]: which columns hold a token; None when every request fills them (read on the host: CPU only)."""
-    if bool((seq_lens == width).all()):
-        return None
-    valid = torch.arange(width, device=seq_lens.device) < seq_lens[:, None]
-    return valid[:, None, None, :]
+        shape = (self.layers, rows, self.kv_heads, cols, self.head_dim)
+        self._k, self._v = new(shape), new(shape)
