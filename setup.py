@@ -17,6 +17,7 @@ setup(
             "uvloop; sys_platform != 'win32'",
             "prometheus_client",
             "httpx2",
+            "aiohttp",
             "tomli; python_version < '3.11'",
         ],
     },

@@ -6,17 +6,18 @@ once, so that what is measured is the gateway and not a model. The gateway runs 
 `slora-vtc gateway --scheduler vtc` in its own process, the client here, one request at a time
 over a keep-alive connection. Direct and gateway requests alternate, and the added latency is
 taken per pair (gateway minus the direct request just before it), so drift on a shared machine
-cancels; p50 and p99 over the pairs. A bare pass-through proxy (`--bare`: Starlette and httpx2,
-the gateway's own stack, forwarding the body and returning the answer, nothing else) is timed the
-same way: the floor of what any proxy on this stack adds.
+cancels; p50 and p99 over the pairs. A bare pass-through proxy (`--bare`: Starlette and httpx2 on
+aiohttp's connections, the gateway's own stack, forwarding the body and returning the answer,
+nothing else) is timed the same way: the floor of what any proxy on this stack adds.
 
 Beside the latencies, the CPU the gateway spends relaying a stream (what competes with a model on
 the same cores, issue 19): a second stub process sends each chunk `--gap` seconds after the one
 before (a model's decode step), `--streams` clients stream through the gateway at once, and the
 CPU seconds of the gateway process (and of the stub, what an OpenAI server itself spends to send
 a chunk) are divided by the chunks the clients received; the same gateway on asyncio's own event
-loop (instead of uvloop, which uvicorn picks where it is installed) is measured alike, in
-alternating rounds. Writes
+loop (instead of uvloop, which uvicorn picks where it is installed), and on httpx2's own transport
+(instead of aiohttp's connections, slora_vtc/gateway/transport.py: the gateway before 2026-12-05),
+are measured alike, in alternating rounds. Writes
 benchmarks/results/gateway_overhead.json.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--pairs 300] [--chunks 32] [--streams 8]
@@ -96,15 +97,20 @@ def stub_app(gap_s: float = 0.0):
 
 
 def bare_app(upstream: str):
-    """A pass-through proxy with nothing but the stack: read the body, post it upstream, return the answer."""
+    """A pass-through proxy with nothing but the gateway's stack (its transport included): read the body,
+    post it upstream, return the answer."""
     from starlette.applications import Starlette
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from slora_vtc.gateway.transport import AiohttpTransport
+
     state = {}
 
     async def forward(request):
-        client = state.get("http") or state.setdefault("http", httpx2.AsyncClient(timeout=30))
+        client = state.get("http") or state.setdefault(
+            "http", httpx2.AsyncClient(timeout=30, transport=AiohttpTransport(keepalive_expiry=2.0))
+        )
         reply = await client.post(
             f"{upstream}/v1/completions", content=await request.body(), headers={"content-type": "application/json"}
         )
@@ -244,20 +250,30 @@ def relay_cpus(gateways: dict[str, tuple[str, int]], stub_pid: int, args) -> dic
     }
 
 
-def start_gateway(upstream: str, port: int, env: dict, loop: str = "") -> subprocess.Popen:
-    """`slora-vtc gateway --scheduler vtc` in front of `upstream`; given a `loop`, the same gateway
-    on that asyncio event loop instead of the one uvicorn picks (uvloop where it is installed)."""
-    if loop:
-        return subprocess.Popen([sys.executable, __file__, "--gateway-on", loop, str(port), upstream], env=env)
+def start_gateway(upstream: str, port: int, env: dict, loop: str = "", transport: str = "aiohttp") -> subprocess.Popen:
+    """`slora-vtc gateway --scheduler vtc` in front of `upstream`; given a `loop` (or `transport`), the
+    same gateway on that asyncio event loop instead of the one uvicorn picks (uvloop where it is
+    installed), and on that transport to its upstream (`httpx2`: httpx2's own)."""
+    if loop or transport != "aiohttp":
+        command = [sys.executable, __file__, "--gateway-on", loop or "auto", transport, str(port), upstream]
+        return subprocess.Popen(command, env=env)
     command = [sys.executable, "-m", "slora_vtc", "gateway", "--upstream", upstream, "--port", str(port)]
     command += ["--scheduler", "vtc", "--max-inflight", "64", "--log-level", "warning"]
     return subprocess.Popen(command, env=env)
 
 
-def run_gateway_on(loop: str, port: int, upstream: str) -> None:
+def run_gateway_on(loop: str, transport: str, port: int, upstream: str) -> None:
+    from slora_vtc.gateway import app
     from slora_vtc.gateway.config import GatewayConfig
     from slora_vtc.gateway.run import build_context, server_for
 
+    if transport == "httpx2":  # the gateway as it was: httpx2's own connections (h11), without Nagle
+        app.AiohttpTransport = lambda keepalive_expiry: httpx2.AsyncHTTPTransport(
+            limits=httpx2.Limits(
+                max_connections=None, max_keepalive_connections=None, keepalive_expiry=keepalive_expiry
+            ),
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )
     config = GatewayConfig(upstreams=(upstream,), port=port, scheduler="vtc", max_inflight=64, log_level="warning")
     server_for(build_context(config), loop=loop).run()
 
@@ -270,10 +286,13 @@ def main() -> int:
     parser.add_argument("--gap", type=float, default=0.004, help="seconds between a stream's chunks (default 0.004)")
     parser.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)  # run the stub upstream
     parser.add_argument("--bare", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)  # run the bare proxy
-    parser.add_argument("--gateway-on", nargs=3, metavar=("LOOP", "PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--gateway-on", nargs=4, metavar=("LOOP", "TRANSPORT", "PORT", "UPSTREAM"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.gateway_on:
-        run_gateway_on(args.gateway_on[0], int(args.gateway_on[1]), args.gateway_on[2])
+        loop, transport, port, upstream = args.gateway_on
+        run_gateway_on(loop, transport, int(port), upstream)
         return 0
     if args.stub or args.bare:
         import uvicorn
@@ -281,8 +300,8 @@ def main() -> int:
         app, port = (stub_app(args.gap), args.stub) if args.stub else (bare_app(args.bare[1]), int(args.bare[0]))
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
         return 0
-    ports = [free_port() for _ in range(6)]
-    direct, gateway, bare, paced, relay, relay_asyncio = (f"http://127.0.0.1:{port}" for port in ports)
+    ports = [free_port() for _ in range(7)]
+    direct, gateway, bare, paced, relay, relay_asyncio, relay_httpx2 = (f"http://127.0.0.1:{port}" for port in ports)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen([sys.executable, __file__, "--stub", str(ports[0]), "--gap", "0"], env=env),
@@ -294,10 +313,15 @@ def main() -> int:
             wait_ready(url)
         procs += [start_gateway(direct, ports[1], env), start_gateway(paced, ports[4], env)]
         procs.append(start_gateway(paced, ports[5], env, loop="asyncio"))
-        for url in (gateway, relay, relay_asyncio):
+        procs.append(start_gateway(paced, ports[6], env, transport="httpx2"))
+        for url in (gateway, relay, relay_asyncio, relay_httpx2):
             wait_ready(url)
         result = measure(direct, gateway, bare, args.pairs, args.chunks)
-        relays = {"gateway": (relay, procs[4].pid), "gateway_asyncio": (relay_asyncio, procs[5].pid)}
+        relays = {
+            "gateway": (relay, procs[4].pid),
+            "gateway_asyncio": (relay_asyncio, procs[5].pid),
+            "gateway_httpx2_transport": (relay_httpx2, procs[6].pid),
+        }
         result["relay_cpu"] = relay_cpus(relays, procs[2].pid, args)
     finally:
         for proc in procs:

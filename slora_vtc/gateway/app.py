@@ -3,7 +3,6 @@ errors in OpenAI's shape (404s and 405s included)."""
 
 import asyncio
 import json
-import socket
 from contextlib import asynccontextmanager, suppress
 
 import httpx2
@@ -18,6 +17,7 @@ from slora_vtc.gateway.dispatcher import Busy
 from slora_vtc.gateway.metrics import render
 from slora_vtc.gateway.monitor import monitor
 from slora_vtc.gateway.proxy import forward
+from slora_vtc.gateway.transport import AiohttpTransport
 from slora_vtc.serving.connection import bears_key, identify
 from slora_vtc.serving.errors import ApiError, api_error_handler, http_error_handler
 from slora_vtc.serving.limits import BodyLimit
@@ -32,13 +32,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         timeout = httpx2.Timeout(ctx.config.upstream_timeout_s, connect=ctx.config.connect_timeout_s)
         # idle connections expire before the upstream's keep-alive does (uvicorn's and vLLM's: 5 s), so that
         # a request is never sent on a connection the upstream is closing
-        limits = httpx2.Limits(
-            max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S
-        )
-        # no Nagle: a request's headers and body go out as two small writes, which must not wait for an ACK
-        transport = httpx2.AsyncHTTPTransport(
-            limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-        )
+        transport = AiohttpTransport(keepalive_expiry=KEEPALIVE_EXPIRY_S)
         key = ctx.config.upstream_api_key
         headers = (
             {"authorization": f"Bearer {key}"} if key else None
