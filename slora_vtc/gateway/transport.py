@@ -22,8 +22,8 @@ import httpx2
 class AiohttpTransport(httpx2.AsyncBaseTransport):
     """Every request on one aiohttp session (made on the event loop at the first request). Idle
     connections are kept `keepalive_expiry` seconds; there is no limit on connections (the gateway's
-    dispatcher bounds them). aiohttp sets TCP_NODELAY on its connections, and decompresses nothing
-    (httpx2 decodes what the answer's headers say)."""
+    dispatcher bounds them). aiohttp sets TCP_NODELAY on its connections; it keeps no cookies and
+    decompresses nothing (httpx2's client does both, from the headers)."""
 
     def __init__(self, keepalive_expiry: float):
         self.keepalive_expiry = keepalive_expiry
@@ -32,7 +32,9 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if self.session is None:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_expiry)
-            self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+            self.session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
         limits = request.extensions.get("timeout", {})
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.get("connect"), sock_read=limits.get("read"))
         try:
