@@ -37,7 +37,7 @@ class DenseKV:
     k: torch.Tensor
     v: torch.Tensor
     refill: bool
-    matmuls: bool = True  # float32: q K^T, softmax, times V; else SDPA
+    matmuls: bool = True  # float32: K q^T, softmax, times V; else SDPA
 
     def attend(
         self,
