@@ -207,10 +207,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(vllm: str, gateway_args: str, nice: int = 0) -> tuple[subprocess.Popen, str]:
-    """The gateway in front of `vllm`, at CPU priority `nice` (0: the benchmark's own)."""
+def start_gateway(vllm: str, gateway_args: str, nice: int = 0, idle: bool = False) -> tuple[subprocess.Popen, str]:
+    """The gateway in front of `vllm`, at CPU priority `nice` (0: the benchmark's own), or under Linux's
+    SCHED_IDLE policy (`idle`: it runs only on a CPU nothing else wants, and never preempts)."""
     port = free_port()
     cmd = ["nice", "-n", str(nice)] if nice else []
+    cmd += ["chrt", "--idle", "0"] if idle else []
     cmd += [sys.executable, "-m", "slora_vtc", "gateway", "--upstream", vllm, "--port", str(port)]
     cmd += ["--log-level", "warning", *shlex.split(gateway_args)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -263,7 +265,9 @@ def stand_in_round(args, seed: int) -> dict:
 
 def run(args) -> dict:
     proc, gateway = (
-        start_gateway(args.vllm, args.gateway_args, args.gateway_nice) if args.stand_in is None else (None, None)
+        start_gateway(args.vllm, args.gateway_args, args.gateway_nice, args.gateway_idle)
+        if args.stand_in is None
+        else (None, None)
     )
     rounds = []
     try:
@@ -305,6 +309,8 @@ def run(args) -> dict:
     arm = args.gateway_args if args.stand_in is None else f"stand-in burning {args.stand_in} of a core"
     summary = summarize(rounds, arm, args.code or git_revision(), args.gateway_nice)
     summary["window_s"] = args.window
+    if args.gateway_idle:
+        summary["gateway_policy"] = "SCHED_IDLE"
     print(
         f"ratio {summary['ratio']['mean']:.3f} (min {summary['ratio']['min']:.3f}, max {summary['ratio']['max']:.3f})"
     )
@@ -364,6 +370,11 @@ def main(argv=None) -> None:
         help="run the gateway at this nice value (a lower CPU priority than vLLM's on shared cores; default 0)",
     )
     parser.add_argument(
+        "--gateway-idle",
+        action="store_true",
+        help="run the gateway under SCHED_IDLE (chrt --idle 0): it never preempts vLLM's processes",
+    )
+    parser.add_argument(
         "--stand-in",
         type=float,
         metavar="SHARE",
@@ -392,11 +403,11 @@ def main(argv=None) -> None:
     if args.resummarize:
         out = json.loads(args.out.read_text())
         for label, run_ in out["runs"].items():
-            window = run_["window_s"]
+            kept = {key: run_[key] for key in ("window_s", "gateway_policy") if key in run_}
             out["runs"][label] = summarize(
                 run_["rounds"], run_["gateway_args"], run_["gateway_code"], run_.get("gateway_nice", 0)
             )
-            out["runs"][label]["window_s"] = window
+            out["runs"][label].update(kept)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
         return
     if args.vllm is None:

@@ -3,9 +3,9 @@
 The gateway talks to its upstreams through an `httpx2.AsyncClient` (its requests, timeouts and
 errors are httpx2's everywhere in the gateway), but the bytes travel on aiohttp's connections:
 aiohttp parses HTTP/1.1 in C, where httpx2's own transport parses it in Python (h11) under anyio's
-timeouts at every read. On a relayed stream that halves the gateway's CPU per chunk
-(`benchmarks/gateway_overhead.py`, `relay_cpu`), CPU which on a small machine vLLM's own processes
-lack (docs/gateway.md, "Throughput through the gateway, measured on vLLM").
+timeouts at every read. On a relayed stream that takes about half the gateway's CPU per chunk
+away (`benchmarks/gateway_overhead.py`, `relay_cpu`): the chunks one core relays, in front of
+several upstreams, nearly double (docs/gateway.md, "Overhead").
 
 aiohttp's errors become httpx2's, as httpx2's own transport would raise them: a connection refused
 `ConnectError`, not made in time `ConnectTimeout` (nothing was sent: the gateway may try another
