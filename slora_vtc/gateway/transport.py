@@ -31,7 +31,9 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_expiry)
+            # https upstreams: the certificates httpx2's own transport would trust (certifi's, or SSL_CERT_FILE's)
+            tls = httpx2.create_ssl_context()
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_expiry, ssl=tls)
             self.session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
             )

@@ -2,7 +2,10 @@
 connections, held against raw sockets that answer, stall, break or listen for the close."""
 
 import asyncio
+import shutil
 import socket
+import ssl
+import subprocess
 
 import httpx2
 import pytest
@@ -16,8 +19,8 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def serve(handler):
-    """A raw server on 127.0.0.1 that reads each request's head and lets `handler` answer."""
+async def serve(handler, tls: ssl.SSLContext | None = None):
+    """A raw server on 127.0.0.1 (https with `tls`) that lets `handler` answer each connection."""
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -25,8 +28,8 @@ async def serve(handler):
         finally:
             writer.close()
 
-    server = await asyncio.start_server(connection, "127.0.0.1", 0)
-    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server = await asyncio.start_server(connection, "127.0.0.1", 0, ssl=tls)
+    return server, f"{'https' if tls else 'http'}://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
 def client(timeout: float = 5.0) -> httpx2.AsyncClient:
@@ -147,5 +150,37 @@ def test_a_stream_closed_before_its_end_closes_its_connection():
                 break
             await reply.aclose()
             await asyncio.wait_for(saw_close.wait(), 5)
+
+    asyncio.run(scenario())
+
+
+def test_an_https_upstream_is_trusted_as_httpx2_trusts_it(tmp_path, monkeypatch):
+    """A certificate nobody vouches for is refused (a connect error); named by SSL_CERT_FILE, which
+    httpx2's own transport reads, it is trusted."""
+    openssl = shutil.which("openssl") or pytest.skip("no openssl to make a certificate with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+
+    async def answer(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async def scenario():
+        server, url = await serve(answer, tls)
+        async with server:
+            async with client() as http:
+                with pytest.raises(httpx2.ConnectError):
+                    await http.get(url + "/health")
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+            async with client() as http:
+                reply = await http.get(url + "/health")
+                assert reply.status_code == 200 and reply.text == "ok"
 
     asyncio.run(scenario())
