@@ -103,13 +103,14 @@ def bare_app(upstream: str):
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from slora_vtc.gateway.app import KEEPALIVE_EXPIRY_S
     from slora_vtc.gateway.transport import AiohttpTransport
 
     state = {}
 
     async def forward(request):
         client = state.get("http") or state.setdefault(
-            "http", httpx2.AsyncClient(timeout=30, transport=AiohttpTransport(keepalive_expiry=2.0))
+            "http", httpx2.AsyncClient(timeout=30, transport=AiohttpTransport(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         )
         reply = await client.post(
             f"{upstream}/v1/completions", content=await request.body(), headers={"content-type": "application/json"}

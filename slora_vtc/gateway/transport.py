@@ -37,8 +37,10 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             self.session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
             )
-        limits = request.extensions.get("timeout", {})
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.get("connect"), sock_read=limits.get("read"))
+        timeouts = request.extensions.get("timeout", {})  # httpx2's, in seconds
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.get("connect"), sock_read=timeouts.get("read")
+        )
         try:
             reply = await self.session.request(
                 request.method,
