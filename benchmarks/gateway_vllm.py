@@ -16,7 +16,7 @@ and its step log, vLLM's own steps in each window: decodes per step, step and ga
 
     # a vLLM on PORT (see docs/gateway.md), then, in our venv:
     python benchmarks/gateway_vllm.py --vllm http://127.0.0.1:PORT [--rounds 4] [--window 20]
-        [--gateway-args '--scheduler vtc']
+        [--gateway-args '--scheduler vtc'] [--pin-engine 1]
 
 Target (issue 19): the gateway's throughput at least 0.97x vLLM's. Writes
 benchmarks/results/gateway_vllm.json (a section per --label).
@@ -51,6 +51,11 @@ TENANTS = {"heavy": 12, "light": 4}  # requests each keeps in flight
 START_TIMEOUT_S = 60
 DRAIN_TIMEOUT_S = 60
 GENERATED = "vllm:generation_tokens_total"
+VLLM_PROCESSES = {
+    "vllm_api_server": "vllm.entrypoints.openai.api_server",
+    "vllm_engine_core": "VLLM::EngineCore",
+    "vllm_worker": "VLLM::Worker",
+}
 BURN_PERIOD_S = 0.004  # the stand-in wakes as often as a relay does at one token per 4 ms step
 
 
@@ -134,12 +139,14 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     async with httpx2.AsyncClient(timeout=5) as http:
         generated, first_step = await generation_tokens(http, vllm), step_lines(args.step_log)
+        account = CpuAccount(args.pids)
         tasks = [
             asyncio.ensure_future(tenant_loop(client, t, n, args, tallies[t], rng)) for t, n in TENANTS.items()
         ] + [asyncio.ensure_future(sample_metrics(http, vllm, gateway, samples))]
         await asyncio.sleep(args.window)
         counted = {t: (tallies[t].tokens, tallies[t].finished) for t in TENANTS}
         generated = await generation_tokens(http, vllm) - generated
+        cpu = account.since()
         steps = steps_since(args.step_log, first_step)
         for task in tasks:
             task.cancel()
@@ -158,7 +165,99 @@ async def one_round(url: str, args, vllm: str, gateway: str | None, seed: int) -
         "vllm_mean_waiting": mean("vllm:num_requests_waiting"),
         "gateway_mean_limit": mean("slora_gateway_upstream_limit") if gateway else None,
         "vllm_steps": steps,
+        **cpu,
     }
+
+
+def vllm_pids() -> dict[str, int]:
+    """This machine's vLLM processes, found by their command lines (Linux /proc): the API server and
+    its engine core and the engine core's worker (the first of each; none where vLLM runs elsewhere)."""
+    pids = {}
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for name, mark in VLLM_PROCESSES.items():
+            if mark in cmdline and name not in pids:
+                pids[name] = int(proc.name)
+    return pids
+
+
+def cpu_ticks() -> list[tuple[int, int]]:
+    """Each CPU's busy and total ticks since boot (Linux /proc/stat; idle and iowait are not busy)."""
+    ticks = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = list(map(int, fields))
+            ticks.append((sum(values) - values[3] - values[4], sum(values)))
+    return ticks
+
+
+class CpuAccount:
+    """Where the CPUs' time went in a window: each CPU's busy share, and the CPU seconds of each of
+    the processes named (vLLM's API server, engine core and worker, the benchmark's client, the gateway)."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids, self.ticks = pids, cpu_ticks()
+        self.seconds = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+    def since(self) -> dict:
+        ticks = cpu_ticks()
+        return {
+            "cpu_busy": [(b - b0) / max(1, t - t0) for (b, t), (b0, t0) in zip(ticks, self.ticks)],
+            "cpu_s": {name: cpu_seconds(pid) - self.seconds[name] for name, pid in self.pids.items()},
+        }
+
+
+def affinities(pids: dict[str, int]) -> dict[str, list[int]]:
+    """The CPUs each named process may run on (where one was pinned with taskset; all where none was)."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = sorted(os.sched_getaffinity(pid))
+        except OSError:
+            pass
+    return out
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (threads that ended meanwhile are skipped)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:
+            pass
+
+
+def cpu_list(text: str) -> set[int]:
+    """CPU numbers separated by commas ("1" or "2,3")."""
+    return {int(c) for c in text.split(",")}
+
+
+class EnginePlacement:
+    """--pin-engine: vLLM's engine core and its worker on `cpus`, its API server and this benchmark
+    (the client, and the gateway it starts) on the other CPUs; everything back on every CPU on exit."""
+
+    def __init__(self, cpus: set[int]):
+        self.pids, self.everything = vllm_pids(), os.sched_getaffinity(0)
+        missing = {"vllm_engine_core", "vllm_worker"} - set(self.pids)
+        if missing:
+            raise SystemExit(f"--pin-engine: no {', '.join(sorted(missing))} process on this machine (is vLLM local?)")
+        self.engine, self.rest = cpus, self.everything - cpus
+        if not self.rest or not cpus <= self.everything:
+            raise SystemExit(f"--pin-engine {sorted(cpus)}: must leave some of CPUs {sorted(self.everything)} free")
+
+    def __enter__(self):
+        for name, pid in self.pids.items():
+            pin(pid, self.engine if name in ("vllm_engine_core", "vllm_worker") else self.rest)
+        pin(os.getpid(), self.rest)
+        return self
+
+    def __exit__(self, *exc):
+        for pid in [*self.pids.values(), os.getpid()]:
+            pin(pid, self.everything)
 
 
 def step_lines(path: Path | None) -> int:
@@ -269,6 +368,8 @@ def run(args) -> dict:
         if args.stand_in is None
         else (None, None)
     )
+    args.pids = {**vllm_pids(), "client": os.getpid(), **({"gateway": proc.pid} if proc else {})}
+    placement = affinities(args.pids)
     rounds = []
     try:
         print("warm-up (one round each, not counted)", flush=True)
@@ -294,6 +395,10 @@ def run(args) -> dict:
                 f"ratio {ratio:.3f}",
                 flush=True,
             )
+            for arm, record in (("direct", direct), ("gateway", through)):
+                busy = ", ".join(f"{b:.2f}" for b in record["cpu_busy"])
+                seconds = ", ".join(f"{name} {s:.1f}" for name, s in record["cpu_s"].items())
+                print(f"  {arm}: CPUs busy {busy}; CPU s {seconds}", flush=True)
             if direct["vllm_steps"] and through["vllm_steps"]:
                 print(
                     f"  vLLM's steps: decodes per step {direct['vllm_steps']['decodes_per_step']:.2f} direct, "
@@ -309,6 +414,7 @@ def run(args) -> dict:
     arm = args.gateway_args if args.stand_in is None else f"stand-in burning {args.stand_in} of a core"
     summary = summarize(rounds, arm, args.code or git_revision(), args.gateway_nice)
     summary["window_s"] = args.window
+    summary["cpu_affinity"] = placement
     if args.gateway_idle:
         summary["gateway_policy"] = "SCHED_IDLE"
     print(
@@ -341,6 +447,17 @@ def summarize(rounds: list[dict], gateway_args: str, code: str, nice: int = 0) -
             for key in ("decodes_per_step", "step_ms", "gap_ms")
             if all(r[arm].get("vllm_steps") for r in rounds)
         },
+        **{
+            f"{arm}_cpu_s": {name: spread([r[arm]["cpu_s"][name] for r in rounds]) for name in rounds[0][arm]["cpu_s"]}
+            for arm in ("direct", "gateway")
+            if all("cpu_s" in r[arm] for r in rounds)
+        },
+        **{
+            f"{arm}_cpu_busy": [spread(list(busy)) for busy in zip(*(r[arm]["cpu_busy"] for r in rounds))]
+            for arm in ("direct", "gateway")
+            if all("cpu_busy" in r[arm] for r in rounds)
+        },
+        **(worker_share(rounds) if all("vllm_worker" in r["direct"].get("cpu_s", {}) for r in rounds) else {}),
         "light_share_direct": spread([share(r["direct"]) for r in rounds]),
         "light_share_gateway": spread([share(r["gateway"]) for r in rounds]),
         "ttft_s": {
@@ -350,6 +467,20 @@ def summarize(rounds: list[dict], gateway_args: str, code: str, nice: int = 0) -
         "target": TARGET,
         "met": statistics.fmean(ratios) >= TARGET,
         "rounds": rounds,
+    }
+
+
+def worker_share(rounds: list[dict]) -> dict:
+    """What vLLM's worker (the process that runs the model) got of the CPUs in each arm, and what it
+    made of them: the gateway arm's worker CPU seconds over the direct arm's, and output tokens per
+    worker CPU second in each arm."""
+    worker = lambda r, arm: r[arm]["cpu_s"]["vllm_worker"]  # noqa: E731
+    return {
+        "worker_cpu_ratio": spread([worker(r, "gateway") / worker(r, "direct") for r in rounds]),
+        **{
+            f"{arm}_tokens_per_worker_cpu_s": spread([sum(r[arm]["tokens"].values()) / worker(r, arm) for r in rounds])
+            for arm in ("direct", "gateway")
+        },
     }
 
 
@@ -381,6 +512,13 @@ def main(argv=None) -> None:
         help="a control instead of the gateway: the second arm sends to vLLM directly while a process beside it "
         "keeps SHARE of a core busy in wake-ups every 4 ms (what any process with the gateway's CPU costs vLLM)",
     )
+    parser.add_argument(
+        "--pin-engine",
+        metavar="CPUS",
+        type=cpu_list,
+        help="a local vLLM's engine core and worker on these CPUs (e.g. 1), its API server, the client and the "
+        "gateway on the others, for the whole run (Linux)",
+    )
     parser.add_argument("--burn", type=float, help=argparse.SUPPRESS)  # the stand-in's process
     parser.add_argument("--label", default="vtc", help="the section of the result file")
     parser.add_argument("--rounds", type=int, default=4)
@@ -391,6 +529,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--step-log", type=Path, help="the plugin's step log of this vLLM (started with the plugin and a step_log)"
+    )
+    parser.add_argument(
+        "--pool",
+        metavar="NAME=LABEL,LABEL",
+        help="record the ratios of every round of the runs LABEL,... as one spread under 'pooled' NAME, run nothing",
     )
     parser.add_argument("--code", help="which gateway code ran (default: this checkout's git revision)")
     parser.add_argument("--dry", action="store_true", help="print, record nothing")
@@ -403,18 +546,27 @@ def main(argv=None) -> None:
     if args.resummarize:
         out = json.loads(args.out.read_text())
         for label, run_ in out["runs"].items():
-            kept = {key: run_[key] for key in ("window_s", "gateway_policy") if key in run_}
+            kept = {key: run_[key] for key in ("window_s", "gateway_policy", "cpu_affinity") if key in run_}
             out["runs"][label] = summarize(
                 run_["rounds"], run_["gateway_args"], run_["gateway_code"], run_.get("gateway_nice", 0)
             )
             out["runs"][label].update(kept)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
         return
+    if args.pool:
+        if "=" not in args.pool:
+            parser.error("--pool NAME=LABEL,LABEL")
+        pool(args.out, *args.pool.split("=", 1))
+        return
     if args.vllm is None:
         parser.error("--vllm URL is required")
     if args.rounds < 1 or args.window <= 0:
         parser.error("--rounds and --window must be positive")
-    summary = run(args)
+    if args.pin_engine:
+        with EnginePlacement(args.pin_engine):
+            summary = run(args)
+    else:
+        summary = run(args)
     if args.dry:
         return
     out = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -428,6 +580,18 @@ def main(argv=None) -> None:
     }
     out.setdefault("runs", {})[args.label] = summary
     args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def pool(path: Path, name: str, labels: str) -> None:
+    """The rounds of several recorded runs as one: their ratios' spread, under out["pooled"][name]."""
+    out = json.loads(path.read_text())
+    labels = labels.split(",")
+    missing = [label for label in labels if label not in out["runs"]]
+    if missing:
+        raise SystemExit(f"{path}: no run labelled {', '.join(missing)}")
+    ratios = [r["ratio"] for label in labels for r in out["runs"][label]["rounds"]]
+    out.setdefault("pooled", {})[name] = {"runs": labels, "ratio": spread(ratios), "target": TARGET}
+    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def vllm_version(url: str) -> str:
