@@ -244,10 +244,10 @@ class EnginePlacement:
         self.pids, self.everything = vllm_pids(), os.sched_getaffinity(0)
         missing = {"vllm_engine_core", "vllm_worker"} - set(self.pids)
         if missing:
-            raise SystemExit(f"--pin-engine: no {', '.join(sorted(missing))} process on this machine (is vLLM local?)")
+            raise ValueError(f"--pin-engine: no {', '.join(sorted(missing))} process on this machine (is vLLM local?)")
         self.engine, self.rest = cpus, self.everything - cpus
         if not self.rest or not cpus <= self.everything:
-            raise SystemExit(f"--pin-engine {sorted(cpus)}: must leave some of CPUs {sorted(self.everything)} free")
+            raise ValueError(f"--pin-engine {sorted(cpus)}: must leave some of CPUs {sorted(self.everything)} free")
 
     def __enter__(self):
         for name, pid in self.pids.items():
@@ -556,14 +556,21 @@ def main(argv=None) -> None:
     if args.pool:
         if "=" not in args.pool:
             parser.error("--pool NAME=LABEL,LABEL")
-        pool(args.out, *args.pool.split("=", 1))
+        try:
+            pool(args.out, *args.pool.split("=", 1))
+        except ValueError as e:
+            parser.error(str(e))
         return
     if args.vllm is None:
         parser.error("--vllm URL is required")
     if args.rounds < 1 or args.window <= 0:
         parser.error("--rounds and --window must be positive")
     if args.pin_engine:
-        with EnginePlacement(args.pin_engine):
+        try:
+            placement = EnginePlacement(args.pin_engine)
+        except ValueError as e:
+            parser.error(str(e))
+        with placement:
             summary = run(args)
     else:
         summary = run(args)
@@ -584,11 +591,13 @@ def main(argv=None) -> None:
 
 def pool(path: Path, name: str, labels: str) -> None:
     """The rounds of several recorded runs as one: their ratios' spread, under out["pooled"][name]."""
+    if not path.exists():
+        raise ValueError(f"--pool: no result file {path}")
     out = json.loads(path.read_text())
     labels = labels.split(",")
     missing = [label for label in labels if label not in out["runs"]]
     if missing:
-        raise SystemExit(f"{path}: no run labelled {', '.join(missing)}")
+        raise ValueError(f"--pool: {path} has no run labelled {', '.join(missing)}")
     ratios = [r["ratio"] for label in labels for r in out["runs"][label]["rounds"]]
     out.setdefault("pooled", {})[name] = {"runs": labels, "ratio": spread(ratios), "target": TARGET}
     path.write_text(json.dumps(out, indent=1) + "\n")
