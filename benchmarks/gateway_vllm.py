@@ -56,6 +56,7 @@ VLLM_PROCESSES = {
     "vllm_engine_core": "VLLM::EngineCore",
     "vllm_worker": "VLLM::Worker",
 }
+ENGINE_PROCESSES = {"vllm_engine_core", "vllm_worker"}  # what --pin-engine places apart from the rest
 BURN_PERIOD_S = 0.004  # the stand-in wakes as often as a relay does at one token per 4 ms step
 
 
@@ -240,9 +241,9 @@ class EnginePlacement:
     """--pin-engine: vLLM's engine core and its worker on `cpus`, its API server and this benchmark
     (the client, and the gateway it starts) on the other CPUs; everything back on every CPU on exit."""
 
-    def __init__(self, cpus: set[int]):
-        self.pids, self.everything = vllm_pids(), os.sched_getaffinity(0)
-        missing = {"vllm_engine_core", "vllm_worker"} - set(self.pids)
+    def __init__(self, cpus: set[int], pids: dict[str, int]):
+        self.pids, self.everything = pids, os.sched_getaffinity(0)
+        missing = ENGINE_PROCESSES - set(pids)
         if missing:
             raise ValueError(f"--pin-engine: no {', '.join(sorted(missing))} process on this machine (is vLLM local?)")
         self.engine, self.rest = cpus, self.everything - cpus
@@ -251,7 +252,7 @@ class EnginePlacement:
 
     def __enter__(self):
         for name, pid in self.pids.items():
-            pin(pid, self.engine if name in ("vllm_engine_core", "vllm_worker") else self.rest)
+            pin(pid, self.engine if name in ENGINE_PROCESSES else self.rest)
         pin(os.getpid(), self.rest)
         return self
 
@@ -368,7 +369,7 @@ def run(args) -> dict:
         if args.stand_in is None
         else (None, None)
     )
-    args.pids = {**vllm_pids(), "client": os.getpid(), **({"gateway": proc.pid} if proc else {})}
+    args.pids = {**args.vllm_pids, "client": os.getpid(), **({"gateway": proc.pid} if proc else {})}
     placement = affinities(args.pids)
     rounds = []
     try:
@@ -565,9 +566,10 @@ def main(argv=None) -> None:
         parser.error("--vllm URL is required")
     if args.rounds < 1 or args.window <= 0:
         parser.error("--rounds and --window must be positive")
+    args.vllm_pids = vllm_pids()
     if args.pin_engine:
         try:
-            placement = EnginePlacement(args.pin_engine)
+            placement = EnginePlacement(args.pin_engine, args.vllm_pids)
         except ValueError as e:
             parser.error(str(e))
         with placement:
