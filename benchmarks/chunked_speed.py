@@ -7,8 +7,14 @@ Beside the times, one more (untimed) run of each counts the engine's steps, sing
 (its `step()` calls): the events the loop visits in Python. Wall time per request is events per
 request times time per event, and the two loops differ in both.
 
+A second table (`pressure` in the results) runs overload under VTC and FCFS with its pool of KV
+tokens from the suite's own up to sixteen times as large: how the ratio moves with the preemptions
+per request that vLLM's step rule makes (`chunked_preemptions_per_request`, from the chunked run's
+requests; S-LoRA's loop admits conservatively and never preempts).
+
     .venv/bin/python benchmarks/chunked_speed.py               # 5 repeats
     .venv/bin/python benchmarks/chunked_speed.py --repeats 9
+    .venv/bin/python benchmarks/chunked_speed.py --pressure-repeats 0   # the suites only
 
 Results: benchmarks/results/chunked_speed.json (with the machine they ran on).
 """
@@ -40,13 +46,15 @@ RUNS = (
     ("ablation_65k_256", "vtc", {}),
     ("prefix_chat", "vtc", {"prefix_cache": True}),
 )
+PRESSURE_POOLS = (10_000, 20_000, 40_000, 80_000, 160_000)  # overload's own pool (10,000 tokens), then larger
+PRESSURE_RUNS = tuple(("overload", s, {"pool_tokens": pool}) for s in ("vtc", "fcfs") for pool in PRESSURE_POOLS)
 BATCHINGS = ("slora", "chunked")
 
 
-def timed(exp: Experiment) -> tuple[float, int]:
+def timed(exp: Experiment) -> tuple[float, list]:
     start = time.perf_counter()
     result = run_experiment(exp)
-    return time.perf_counter() - start, len(result.responses)
+    return time.perf_counter() - start, result.responses
 
 
 def engine_steps(exp: Experiment, batching: str) -> Counter:
@@ -81,16 +89,19 @@ def engine_steps(exp: Experiment, batching: str) -> Counter:
     return kinds
 
 
-def measure(repeats: int) -> list[dict]:
+def measure(runs: tuple, repeats: int) -> list[dict]:
     rows = []
-    for suite, scheduler, extra in RUNS:
+    for suite, scheduler, extra in runs:
         samples: dict[str, list[float]] = {b: [] for b in BATCHINGS}
-        requests = 0
+        responses: dict[str, list] = {}
         for _ in range(repeats):
             for batching in BATCHINGS:
-                wall_s, requests = timed(Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra))
+                exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
+                wall_s, responses[batching] = timed(exp)
                 samples[batching].append(wall_s)
+        requests = len(responses["chunked"])
         row = {"suite": suite, "scheduler": scheduler, **extra, "requests": requests}
+        row["chunked_preemptions_per_request"] = sum(r.preemptions for r in responses["chunked"]) / requests
         for batching in BATCHINGS:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
@@ -104,7 +115,8 @@ def measure(repeats: int) -> list[dict]:
             row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
         rows.append(row)
         print(
-            f"{suite:18s} {scheduler:6s} {requests:6d} requests  slora {row['slora_ms_per_request']:.3f} ms/req  "
+            f"{suite:18s} {scheduler:6s} {extra.get('pool_tokens', '')!s:>6s} {requests:6d} requests  "
+            f"slora {row['slora_ms_per_request']:.3f} ms/req  "
             f"chunked {row['chunked_ms_per_request']:.3f} ms/req  ratio {row['chunked_over_slora']:.2f}  "
             f"steps/req {row['slora_steps_per_request']:.2f} : {row['chunked_steps_per_request']:.2f}  "
             f"us/step {row['slora_us_per_step']:.0f} : {row['chunked_us_per_step']:.0f}",
@@ -115,10 +127,16 @@ def measure(repeats: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="of each suite's runs")
+    p.add_argument("--pressure-repeats", type=int, default=3, help="of each pool's runs (0: none)")
     args = p.parse_args(argv)
-    rows = measure(args.repeats)
-    RESULTS.write_text(json.dumps({"machine": machine_info(), "repeats": args.repeats, "runs": rows}, indent=1) + "\n")
+    if args.repeats < 1 or args.pressure_repeats < 0:
+        p.error("--repeats must be at least 1 and --pressure-repeats at least 0")
+    out = {"machine": machine_info(), "repeats": args.repeats, "runs": measure(RUNS, args.repeats)}
+    if args.pressure_repeats:
+        out["pressure_repeats"] = args.pressure_repeats
+        out["pressure"] = measure(PRESSURE_RUNS, args.pressure_repeats)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {RESULTS}")
     return 0
 
