@@ -10,7 +10,8 @@ request times time per event, and the two loops differ in both.
 A second table (`pressure` in the results) runs overload under VTC and FCFS with its pool of KV
 tokens from the suite's own up to sixteen times as large: how the ratio moves with the preemptions
 per request that vLLM's step rule makes (`chunked_preemptions_per_request`, from the chunked run's
-requests; S-LoRA's loop admits conservatively and never preempts).
+requests, and `chunked_preempted_share`, the share preempted at least once; S-LoRA's loop admits
+conservatively and never preempts).
 
     .venv/bin/python benchmarks/chunked_speed.py               # 5 repeats
     .venv/bin/python benchmarks/chunked_speed.py --repeats 9
@@ -102,6 +103,7 @@ def measure(runs: tuple, repeats: int) -> list[dict]:
         requests = len(responses["chunked"])
         row = {"suite": suite, "scheduler": scheduler, **extra, "requests": requests}
         row["chunked_preemptions_per_request"] = sum(r.preemptions for r in responses["chunked"]) / requests
+        row["chunked_preempted_share"] = sum(r.preemptions > 0 for r in responses["chunked"]) / requests
         for batching in BATCHINGS:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
