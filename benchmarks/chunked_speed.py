@@ -36,6 +36,7 @@ from slora_vtc import chunked  # noqa: E402
 from slora_vtc.chunked import ChunkedBatching  # noqa: E402
 from slora_vtc.engine import Engine  # noqa: E402
 from slora_vtc.experiment import Experiment  # noqa: E402
+from slora_vtc.results import RunResult  # noqa: E402
 from slora_vtc.runner import run_experiment  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chunked_speed.json"
@@ -52,10 +53,10 @@ PRESSURE_RUNS = tuple(("overload", s, {"pool_tokens": pool}) for s in ("vtc", "f
 BATCHINGS = ("slora", "chunked")
 
 
-def timed(exp: Experiment) -> tuple[float, list]:
+def timed(exp: Experiment) -> tuple[float, RunResult]:
     start = time.perf_counter()
     result = run_experiment(exp)
-    return time.perf_counter() - start, result.responses
+    return time.perf_counter() - start, result
 
 
 def engine_steps(exp: Experiment, batching: str) -> Counter:
@@ -94,16 +95,17 @@ def measure(runs: tuple, repeats: int) -> list[dict]:
     rows = []
     for suite, scheduler, extra in runs:
         samples: dict[str, list[float]] = {b: [] for b in BATCHINGS}
-        responses: dict[str, list] = {}
+        results: dict[str, RunResult] = {}
         for _ in range(repeats):
             for batching in BATCHINGS:
                 exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
-                wall_s, responses[batching] = timed(exp)
+                wall_s, results[batching] = timed(exp)
                 samples[batching].append(wall_s)
-        requests = len(responses["chunked"])
+        preemptions = results["chunked"].array("preemptions")
+        requests = len(preemptions)
         row = {"suite": suite, "scheduler": scheduler, **extra, "requests": requests}
-        row["chunked_preemptions_per_request"] = sum(r.preemptions for r in responses["chunked"]) / requests
-        row["chunked_preempted_share"] = sum(r.preemptions > 0 for r in responses["chunked"]) / requests
+        row["chunked_preemptions_per_request"] = float(preemptions.mean())
+        row["chunked_preempted_share"] = float((preemptions > 0).mean())
         for batching in BATCHINGS:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
