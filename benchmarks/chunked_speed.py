@@ -1,11 +1,15 @@
 """Chunked batching's simulator speed against S-LoRA's loop: wall seconds per simulated request on
 the same suites, both loops timed side by side in one process, repeats interleaved (slora, chunked,
-slora, ...) so that a busy machine slows both alike; the median of the repeats. Issue 20 asks for
-`--batching chunked` to be at least as fast per simulated request as `--batching slora`.
+slora, ...) so that a busy machine slows both alike, after one untimed run of each; the median of
+the repeats. Issue 20 asks for `--batching chunked` to be at least as fast per simulated request as
+`--batching slora`.
 
-Beside the times, one more (untimed) run of each counts the engine's steps, single and macro alike
-(its `step()` calls): the events the loop visits in Python. Wall time per request is events per
-request times time per event, and the two loops differ in both.
+Beside the times, one more run of each (not among the timed ones) counts the engine's steps, single
+and macro alike (its `step()` calls): the events the loop visits in Python. Wall time per request is
+events per request times time per event, and the two loops differ in both. That run also times
+chunked batching's single steps, which no macro-step can take (they admit, or preempt), against
+S-LoRA's whole run (`chunked_single_steps_over_slora`): what the ratio would be if macro-steps cost
+nothing.
 
 A second table (`pressure` in the results) runs overload under VTC and FCFS with its pool of KV
 tokens from the suite's own up to sixteen times as large: how the ratio moves with the preemptions
@@ -59,18 +63,32 @@ def timed(exp: Experiment) -> tuple[float, RunResult]:
     return time.perf_counter() - start, result
 
 
-def engine_steps(exp: Experiment, batching: str) -> Counter:
-    """The engine's events in one run of `exp` (counted around the methods, untimed), by kind: its
-    step() calls under S-LoRA's loop (`step`); under chunked batching, which runs every event up to
-    the next arrival in one step() call, its macro-steps (`macro`) and its single steps, those that
-    admit from the waiting queue (`admitting`), those that preempt (`preempting`: such a step admits
-    nothing) and the others (`other`: a prefill's next chunk, decodes the macro-steps could not take)."""
+def engine_steps(exp: Experiment, batching: str) -> tuple[Counter, Counter]:
+    """The engine's events in one run of `exp` (counted around the methods, not in the timed runs),
+    by kind: its step() calls under S-LoRA's loop (`step`); under chunked batching, which runs every
+    event up to the next arrival in one step() call, its macro-steps (`macro`) and its single steps,
+    those that admit from the waiting queue (`admitting`), those that preempt (`preempting`: such a
+    step admits nothing) and the others (`other`: a prefill's next chunk, decodes the macro-steps
+    could not take). Returns the counts, and the wall seconds of the single steps by kind (each
+    timed from its scheduling to its end)."""
     kinds: Counter = Counter()
+    seconds: Counter = Counter()
+    last = ["other"]  # the kind of the single step being timed, told by its plan
 
     def counted(original, kind):
         def call(*args):
             result = original(*args)
-            kinds[kind(result)] += 1
+            last[0] = kind(result)
+            kinds[last[0]] += 1
+            return result
+
+        return call
+
+    def timed_step(original):
+        def call(*args):
+            start = time.perf_counter()
+            result = original(*args)
+            seconds[last[0]] += time.perf_counter() - start
             return result
 
         return call
@@ -78,17 +96,19 @@ def engine_steps(exp: Experiment, batching: str) -> Counter:
     def single(plan) -> str:
         return "admitting" if plan.started else "preempting" if plan.preempted else "other"
 
-    patched = [(Engine, "step", lambda _: "step")] if batching == "slora" else [
-        (ChunkedBatching, "_schedule", single), (chunked, "decode_ahead", lambda _: "macro")]  # fmt: skip
+    patched = [(Engine, "step", counted(Engine.step, lambda _: "step"))] if batching == "slora" else [
+        (ChunkedBatching, "_schedule", counted(ChunkedBatching._schedule, single)),
+        (ChunkedBatching, "_single_step", timed_step(ChunkedBatching._single_step)),
+        (chunked, "decode_ahead", counted(chunked.decode_ahead, lambda _: "macro"))]  # fmt: skip
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-    for (owner, name, original), (_, _, kind) in zip(originals, patched):
-        setattr(owner, name, counted(original, kind))
+    for owner, name, wrapped in patched:
+        setattr(owner, name, wrapped)
     try:
         run_experiment(exp)
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
-    return kinds
+    return kinds, seconds
 
 
 def measure(runs: tuple, repeats: int) -> list[dict]:
@@ -96,9 +116,11 @@ def measure(runs: tuple, repeats: int) -> list[dict]:
     for suite, scheduler, extra in runs:
         samples: dict[str, list[float]] = {b: [] for b in BATCHINGS}
         results: dict[str, RunResult] = {}
+        exps = {b: Experiment.of(suite=suite, scheduler=scheduler, batching=b, **extra) for b in BATCHINGS}
+        for exp in exps.values():  # untimed: the suite's data loaded and the code warm before either is timed
+            run_experiment(exp)
         for _ in range(repeats):
-            for batching in BATCHINGS:
-                exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
+            for batching, exp in exps.items():
                 wall_s, results[batching] = timed(exp)
                 samples[batching].append(wall_s)
         preemptions = results["chunked"].array("preemptions")
@@ -110,20 +132,23 @@ def measure(runs: tuple, repeats: int) -> list[dict]:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
         row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
-        for batching in BATCHINGS:
-            exp = Experiment.of(suite=suite, scheduler=scheduler, batching=batching, **extra)
-            kinds = engine_steps(exp, batching)
+        for batching, exp in exps.items():
+            kinds, seconds = engine_steps(exp, batching)
             steps = sum(kinds.values())
             row[f"{batching}_steps_per_request"] = steps / requests
             row[f"{batching}_steps_per_request_by_kind"] = {k: n / requests for k, n in sorted(kinds.items())}
             row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
+        single_ms = {k: 1000 * s / requests for k, s in sorted(seconds.items())}
+        row["chunked_single_steps_ms_per_request_by_kind"] = single_ms
+        row["chunked_single_steps_over_slora"] = sum(single_ms.values()) / row["slora_ms_per_request"]
         rows.append(row)
         print(
             f"{suite:18s} {scheduler:6s} {extra.get('pool_tokens', '')!s:>6s} {requests:6d} requests  "
             f"slora {row['slora_ms_per_request']:.3f} ms/req  "
             f"chunked {row['chunked_ms_per_request']:.3f} ms/req  ratio {row['chunked_over_slora']:.2f}  "
             f"steps/req {row['slora_steps_per_request']:.2f} : {row['chunked_steps_per_request']:.2f}  "
-            f"us/step {row['slora_us_per_step']:.0f} : {row['chunked_us_per_step']:.0f}",
+            f"us/step {row['slora_us_per_step']:.0f} : {row['chunked_us_per_step']:.0f}  "
+            f"single steps / slora {row['chunked_single_steps_over_slora']:.2f}",
             flush=True,
         )
     return rows
