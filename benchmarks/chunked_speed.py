@@ -8,8 +8,8 @@ Beside the times, one more run of each (not among the timed ones) counts the eng
 and macro alike (its `step()` calls): the events the loop visits in Python. Wall time per request is
 events per request times time per event, and the two loops differ in both. That run also times
 chunked batching's single steps, which no macro-step can take (they admit, or preempt), against
-S-LoRA's whole run (`chunked_single_steps_over_slora`): what the ratio would be if macro-steps cost
-nothing.
+S-LoRA's whole run (`chunked_single_steps_over_slora`): a floor under the ratio, what it would be if
+the macro-steps and the rest of the run cost nothing.
 
 A second table (`pressure` in the results) runs overload under VTC and FCFS with its pool of KV
 tokens from the suite's own up to sixteen times as large: how the ratio moves with the preemptions
