@@ -102,7 +102,7 @@ def our_steps(spec: str, s: dict) -> tuple[list[dict[int, int]], dict[int, int]]
 
 @pytest.mark.parametrize("shared", [False, True], ids=["lengths", "shared-prefixes"])
 @pytest.mark.parametrize("spec", ["fcfs", "vtc", "lcf"])
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(32))
 def test_our_chunked_batching_schedules_what_vllm_schedules(tiny_model, spec, seed, shared):
     s = scenario(seed, shared)
     theirs, their_preemptions = vllm_steps(tiny_model, spec, s)
