@@ -132,15 +132,14 @@ def measure(runs: tuple, repeats: int) -> list[dict]:
             row[f"{batching}_ms_per_request"] = 1000 * statistics.median(samples[batching]) / requests
             row[f"{batching}_samples_s"] = [round(s, 4) for s in samples[batching]]
         row["chunked_over_slora"] = row["chunked_ms_per_request"] / row["slora_ms_per_request"]
-        single_seconds: Counter = Counter()
+        single_seconds: dict[str, Counter] = {}  # by batching: only chunked batching's single steps are timed
         for batching, exp in exps.items():
-            kinds, seconds = engine_steps(exp, batching)
+            kinds, single_seconds[batching] = engine_steps(exp, batching)
             steps = sum(kinds.values())
             row[f"{batching}_steps_per_request"] = steps / requests
             row[f"{batching}_steps_per_request_by_kind"] = {k: n / requests for k, n in sorted(kinds.items())}
             row[f"{batching}_us_per_step"] = 1000 * row[f"{batching}_ms_per_request"] * requests / steps
-            single_seconds += seconds  # chunked batching's only: S-LoRA's loop has no single steps timed
-        single_ms = {k: 1000 * s / requests for k, s in sorted(single_seconds.items())}
+        single_ms = {k: 1000 * s / requests for k, s in sorted(single_seconds["chunked"].items())}
         row["chunked_single_steps_ms_per_request_by_kind"] = single_ms
         row["chunked_single_steps_over_slora"] = sum(single_ms.values()) / row["slora_ms_per_request"]
         rows.append(row)
