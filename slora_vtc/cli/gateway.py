@@ -1,6 +1,6 @@
 """`gateway`: a fair OpenAI-compatible proxy in front of one or more upstream servers (docs/gateway.md)."""
 
-from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP, KEEP_ALIVE_S
+from slora_vtc.cli.front_door import add_front_door_args
 
 
 def cmd_gateway(args) -> int:
@@ -47,21 +47,12 @@ def add_parsers(sub) -> None:
         default="vtc",
         help="scheduler spec needing only token counts: fcfs, rpm:N, vtc, lcf, wvtc:..., vtc-... (default: vtc)",
     )
-    gw.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, as for serve")
-    gw.add_argument("--host", default="127.0.0.1")
-    gw.add_argument("--port", type=int, default=8080)
+    add_front_door_args(gw, port=8080, clients_help="API keys, weights, RPM limits, as for serve", queue="the gateway")
     gw.add_argument(
         "--max-inflight",
         type=int,
         help="requests in flight per upstream, fixed "
         "(default: adapted from vLLM's queue metrics where the upstream exposes them, else 64)",
-    )
-    gw.add_argument(
-        "--max-waiting",
-        type=int,
-        default=2048,
-        help="requests queued in the gateway; beyond, a client holding its even share of it gets a 503 "
-        "with Retry-After, and everyone at twice this (default 2048)",
     )
     gw.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to an upstream (default 5)")
     gw.add_argument(
@@ -74,32 +65,10 @@ def add_parsers(sub) -> None:
         "--upstream-api-key", help="send 'Authorization: Bearer KEY' to the upstreams (e.g. vLLM's --api-key)"
     )
     gw.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)"
-    )
-    gw.add_argument(
         "--probe-interval",
         type=float,
         default=0.5,
         help="seconds between probes of the upstreams' health and queue metrics (default 0.5)",
-    )
-    gw.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
-    gw.add_argument(
-        "--client-idle-timeout",
-        type=float,
-        default=600.0,
-        help="forget a client idle this many seconds (default 600; VTC lifts it on return)",
-    )
-    gw.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGINT/SIGTERM, seconds to let requests finish before cancelling them (default 30)",
-    )
-    gw.add_argument(
-        "--keep-alive-timeout",
-        type=float,
-        default=KEEP_ALIVE_S,
-        help=KEEP_ALIVE_HELP,
     )
     gw.add_argument(
         "--log-level",

@@ -12,7 +12,7 @@ from slora_vtc.cli.experiments import (
     batching_settings,
     report,
 )
-from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP, KEEP_ALIVE_S
+from slora_vtc.cli.front_door import add_front_door_args
 
 
 def cmd_serve(args) -> int:
@@ -96,23 +96,14 @@ def add_parsers(sub) -> None:
         "say the first (default: the model's own name)",
     )
     srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
-    srv.add_argument("--clients", help="clients file (TOML): API keys, weights, RPM limits, LoRA adapters")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
+    add_front_door_args(
+        srv, port=8000, clients_help="API keys, weights, RPM limits, LoRA adapters", queue="the scheduler"
+    )
     srv.add_argument("--pool-tokens", type=int, default=10_000, help="memory pool size in tokens (default 10000)")
     srv.add_argument(
         "--tokenizer", help="tokenizer folder, or 'byte' (default: the model folder's tokenizer, else byte-level)"
     )
-    srv.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGINT/SIGTERM, seconds to finish in-flight requests before aborting them",
-    )
     srv.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
-    srv.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413 (default 1 MiB)"
-    )
     srv.add_argument(
         "--max-client-labels",
         type=int,
@@ -120,33 +111,13 @@ def add_parsers(sub) -> None:
         help='/metrics names the busiest N clients; the rest are client="other" (default 100)',
     )
     srv.add_argument(
-        "--client-idle-timeout",
-        type=float,
-        default=600.0,
-        help="forget a client idle this many seconds (default 600; VTC lifts it on return)",
-    )
-    srv.add_argument("--metrics-key", help="GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)")
-    srv.add_argument(
         "--max-inflight",
         type=int,
         default=4096,
         help="generation requests handled at once; more get a 503 with Retry-After (default 4096)",
     )
     srv.add_argument(
-        "--max-waiting",
-        type=int,
-        default=2048,
-        help="requests queued in the scheduler; beyond, a client holding its even share of it gets a 503 "
-        "with Retry-After, and everyone at twice this (default 2048)",
-    )
-    srv.add_argument(
         "--backlog", type=int, default=4096, help="listen backlog: connections not yet accepted (default 4096)"
-    )
-    srv.add_argument(
-        "--keep-alive-timeout",
-        type=float,
-        default=KEEP_ALIVE_S,
-        help=KEEP_ALIVE_HELP,
     )
     srv.add_argument(
         "--prefix-cache", action="store_true", help="share the K/V of common prompt prefixes (a radix tree in the pool)"
