@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from slora_vtc.gateway.context import GatewayContext
-from slora_vtc.serving.ledger import OUTCOMES
+from slora_vtc.serving.client_metrics import by_outcome, client_memory, per_client
 
 PREFIX = "slora_gateway"
 
@@ -29,10 +29,7 @@ class _Collector:
         counters = d.scheduler.counters() if d.scheduler.traits.ledger else {}
 
         def family(kind, name, doc, values):
-            f = kind(f"{PREFIX}_{name}", doc, labels=["client"])
-            for client, value in values:
-                f.add_metric([client], value)
-            return f
+            return per_client(kind(f"{PREFIX}_{name}", doc, labels=["client"]), values, lambda value: value)
 
         yield family(
             GaugeMetricFamily,
@@ -58,24 +55,8 @@ class _Collector:
             "requests sent to an upstream, not yet ended",
             ((c, s.inflight) for c, s in rows),
         )
-        outcomes = CounterMetricFamily(
-            f"{PREFIX}_requests",
-            "requests ended, by outcome: finished, aborted (client gone, shutdown), failed (the upstream failed: "
-            "refunded), rejected (refused at arrival or by the upstream)",
-            labels=["client", "outcome"],
-        )
-        for client, s in rows:
-            for outcome in OUTCOMES:
-                outcomes.add_metric([client, outcome], getattr(s, outcome))
-        yield outcomes
-        yield GaugeMetricFamily(
-            f"{PREFIX}_known_clients",
-            "clients the gateway keeps numbers for (not yet forgotten)",
-            value=len(ledger.clients),
-        )
-        yield CounterMetricFamily(
-            f"{PREFIX}_forgotten_clients", "clients forgotten after being idle", value=ledger.forgotten
-        )
+        yield by_outcome(PREFIX, "the upstream failed: refunded", "refused at arrival or by the upstream", rows)
+        yield from client_memory(PREFIX, "gateway", len(ledger.clients), ledger.forgotten)
         yield from self._upstreams()
         yield GaugeMetricFamily(f"{PREFIX}_waiting", "requests queued in the gateway", value=d.num_waiting)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from slora_vtc.server.stats import FINISH_REASONS, ClientStats, Histogram, Snapshot
-from slora_vtc.serving.ledger import OUTCOMES
+from slora_vtc.server.stats import FINISH_REASONS, Histogram, Snapshot
+from slora_vtc.serving.client_metrics import by_outcome, client_memory, per_client
 from slora_vtc.serving.window import WINDOW_S
 
 PREFIX = "slora"
@@ -54,17 +54,8 @@ class _SnapshotCollector:
         s = self.snap
         clients = sorted(s.clients.items())
         for name, doc, value in COUNTS + (CACHED_COUNTS if s.prefix_cache else []):
-            yield _per_client(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["client"]), clients, value)
-        outcomes = CounterMetricFamily(
-            f"{PREFIX}_requests",
-            "requests ended, by outcome: finished, aborted (client gone, shutdown), failed (the model or the "
-            "engine failed), rejected (refused at arrival)",
-            labels=["client", "outcome"],
-        )
-        for client, stats in clients:
-            for word in OUTCOMES:
-                outcomes.add_metric([client, word], getattr(stats, word))
-        yield outcomes
+            yield per_client(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["client"]), clients, value)
+        yield by_outcome(PREFIX, "the model or the engine failed", "refused at arrival", clients)
         reasons = CounterMetricFamily(
             f"{PREFIX}_requests_by_finish_reason", "finished requests, by finish reason", labels=["client", "reason"]
         )
@@ -95,12 +86,7 @@ class _SnapshotCollector:
             f"clients served in the last {WINDOW_S} s or with a request now",
             value=s.active_clients,
         )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_known_clients", "clients the server keeps numbers for (not yet forgotten)", value=s.known_clients
-        )
-        yield CounterMetricFamily(
-            f"{PREFIX}_forgotten_clients", "clients forgotten after being idle", value=s.forgotten_clients
-        )
+        yield from client_memory(PREFIX, "server", s.known_clients, s.forgotten_clients)
         yield GaugeMetricFamily(f"{PREFIX}_pool_tokens", "slots in the unified memory pool", value=s.pool_size)
         yield GaugeMetricFamily(f"{PREFIX}_pool_used_tokens", "slots held by KV caches and adapters", value=s.pool_used)
         yield GaugeMetricFamily(
@@ -119,12 +105,6 @@ class _SnapshotCollector:
             "the server's version, scheduler and model",
             value={"version": self.build.version, "scheduler": self.build.scheduler, "model": self.build.model},
         )
-
-
-def _per_client(family, clients: list[tuple[str, ClientStats]], value):
-    for client, stats in clients:
-        family.add_metric([client], value(stats))
-    return family
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, int]]:

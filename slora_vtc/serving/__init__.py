@@ -10,6 +10,7 @@ limits.py      the request body limit (413)
 keepalive.py   how long an idle client connection is kept (longer than clients keep theirs)
 window.py      each client's service in the last minute (what the busiest are, Jain's index)
 ledger.py      per client: service, requests by outcome, idle expiry, the bounded labels of /metrics
+client_metrics.py  the per-client families of /metrics both export (by outcome, clients kept and forgotten)
 
 It imports nothing from server/ or gateway/, and no torch.
 """
