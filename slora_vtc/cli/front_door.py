@@ -32,6 +32,6 @@ def add_front_door_args(parser, port: int, clients_help: str, queue: str) -> Non
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="on SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them (default 30)",
+        help="on SIGINT/SIGTERM, seconds to let requests (queued and running) finish before aborting them (default 30)",
     )
     parser.add_argument("--keep-alive-timeout", type=float, default=KEEP_ALIVE_S, help=KEEP_ALIVE_HELP)
