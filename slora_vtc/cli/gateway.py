@@ -1,6 +1,6 @@
 """`gateway`: a fair OpenAI-compatible proxy in front of one or more upstream servers (docs/gateway.md)."""
 
-from slora_vtc.cli.front_door import add_front_door_args
+from slora_vtc.cli.front_door import add_front_door_args, front_door_settings
 
 
 def cmd_gateway(args) -> int:
@@ -11,21 +11,13 @@ def cmd_gateway(args) -> int:
         GatewayConfig(
             upstreams=tuple(args.upstream),
             scheduler=args.scheduler,
-            clients_file=args.clients,
-            host=args.host,
-            port=args.port,
             max_inflight=args.max_inflight,
-            max_waiting=args.max_waiting,
             connect_timeout_s=args.connect_timeout,
             upstream_timeout_s=args.upstream_timeout,
             upstream_api_key=args.upstream_api_key,
-            max_body_bytes=args.max_body_bytes,
             probe_interval_s=args.probe_interval,
             log_level=args.log_level,
-            metrics_key=args.metrics_key,
-            drain_s=args.drain_timeout,
-            client_idle_s=args.client_idle_timeout,
-            keep_alive_s=args.keep_alive_timeout,
+            **front_door_settings(args),
         )
     )
     return 0

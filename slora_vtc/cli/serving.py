@@ -12,7 +12,7 @@ from slora_vtc.cli.experiments import (
     batching_settings,
     report,
 )
-from slora_vtc.cli.front_door import add_front_door_args
+from slora_vtc.cli.front_door import add_front_door_args, front_door_settings
 
 
 def cmd_serve(args) -> int:
@@ -25,9 +25,6 @@ def cmd_serve(args) -> int:
             model=model,
             served_model_names=tuple(args.served_model_name),
             scheduler=args.scheduler,
-            clients_file=args.clients,
-            host=args.host,
-            port=args.port,
             pool_tokens=args.pool_tokens,
             lora=tuple(args.lora),
             dummy_adapters=args.dummy_adapters,
@@ -37,19 +34,14 @@ def cmd_serve(args) -> int:
             dtype=args.dtype,
             seed=args.seed,
             tokenizer=args.tokenizer,
-            drain_s=args.drain_timeout,
-            max_body_bytes=args.max_body_bytes,
             max_client_labels=args.max_client_labels,
-            client_idle_s=args.client_idle_timeout,
-            metrics_key=args.metrics_key,
             max_inflight=args.max_inflight,
-            max_waiting=args.max_waiting,
             backlog=args.backlog,
-            keep_alive_s=args.keep_alive_timeout,
             prefix_cache=args.prefix_cache,
             engine_process=args.engine_process,
             step_log=args.step_log,
             **batching_settings(args),
+            **front_door_settings(args),
         )
     )
     return 0

@@ -11,19 +11,18 @@ from slora_vtc.model.spec import ModelSpec, is_folder, resolve_spec
 from slora_vtc.server.service import EngineService
 from slora_vtc.server.tokenizer import Tokenizer, load_tokenizer
 from slora_vtc.serving.clients import Clients, load_clients, scheduler_for
-from slora_vtc.serving.keepalive import KEEP_ALIVE_S
+from slora_vtc.serving.front_door import FrontDoor
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(FrontDoor):
+    """`serve`'s settings: the front door's (serving/front_door.py), the model's and the engine's."""
+
     model: str = "tiny"  # a spec name (dummy weights) or a Hugging Face model folder
     # the names the base model answers to (vLLM's --served-model-name): the first one is the one /v1/models lists
     # first and every response says; none: the spec's name or the folder's
     served_model_names: tuple[str, ...] = ()
     scheduler: str = "vtc"
-    clients_file: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
     pool_tokens: int = 10_000
     lora: tuple[str, ...] = ()  # PEFT adapters, NAME=PATH
     dummy_adapters: int = 0  # also this many dummy adapters (dummy-0 ..), of rank adapter_rank
@@ -33,17 +32,9 @@ class ServerConfig:
     dtype: str | None = None
     seed: int = 0
     tokenizer: str | None = None  # a tokenizer folder, or "byte"; default: the model folder's, else bytes
-    drain_s: float = 30.0  # on SIGINT / SIGTERM: serve in-flight requests this long, then abort them
-    max_body_bytes: int = 1 << 20  # larger request bodies get a 413 before they are parsed
     max_client_labels: int = 100  # /metrics labels this many clients by name (the busiest); the rest are client="other"
-    client_idle_s: float = (
-        600.0  # a client with nothing queued or running for this long is forgotten (VTC lifts it on return)
-    )
-    metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it exposes client names)
     max_inflight: int = 4096  # generation requests handled at once over HTTP; more get a 503 with Retry-After
-    max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 with Retry-After
     backlog: int = 4096  # the listening socket's backlog (connections not yet accepted)
-    keep_alive_s: float = KEEP_ALIVE_S  # idle keep-alive connections are closed after this long
     prefix_cache: bool = False  # share the K/V of common prompt prefixes (radix tree in the pool)
     # S-LoRA's loop or vLLM's chunked steps: EngineConfig's fields of the same names, with its defaults
     batching: str = EngineConfig.batching
@@ -56,26 +47,16 @@ class ServerConfig:
     engine_process: bool = False
 
     def check(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise UserError(f"--port must be in 0..65535, got {self.port}")
-        if self.drain_s < 0:
-            raise UserError(f"--drain-timeout must not be negative, got {self.drain_s}")
+        super().check()
         for flag, value in (
-            ("--max-body-bytes", self.max_body_bytes),
             ("--max-client-labels", self.max_client_labels),
             ("--max-inflight", self.max_inflight),
-            ("--max-waiting", self.max_waiting),
             ("--backlog", self.backlog),
         ):
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}")
-        for flag, value in (("--client-idle-timeout", self.client_idle_s), ("--keep-alive-timeout", self.keep_alive_s)):
-            if not value > 0 or value == float("inf"):
-                raise UserError(f"{flag} must be a positive number of seconds, got {value}")
         if any(not name.strip() for name in self.served_model_names):
             raise UserError("--served-model-name must not be empty")
-        if self.metrics_key is not None and not self.metrics_key.strip():
-            raise UserError("--metrics-key must not be empty")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ keepalive.py   how long an idle client connection is kept (longer than clients k
 window.py      each client's service in the last minute (what the busiest are, Jain's index)
 ledger.py      per client: service, requests by outcome, idle expiry, the bounded labels of /metrics
 client_metrics.py  the per-client families of /metrics both export (by outcome, clients kept and forgotten)
+front_door.py  the settings the server and the gateway share (listening, clients, limits, drain, idle expiry), checked
 
 It imports nothing from server/ or gateway/, and no torch.
 """
