@@ -16,19 +16,9 @@ from slora_vtc.model.spec import resolve_spec
 from slora_vtc.model.weights import load_weights
 from slora_vtc.realrun import generate
 from tests.helpers.cli import assert_one_line_error, cli
-from tests.helpers.llama import assert_logits_match_hf, copy_folder, hf_logits
+from tests.helpers.llama import TINY_HF, assert_logits_match_hf, copy_folder, hf_logits
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    initializer_range=0.2,
-)  # a wide init: peaked logits, so greedy never hinges on a rounding tie
+TINY = {k: v for k, v in TINY_HF.items() if k != "rope_theta"}  # each model below: its family's RoPE base, or its own
 # original_max_position_embeddings 64 puts the 8 frequencies of a 16-wide head in all three llama3
 # bands: kept (wavelength < 16), blended (16..64) and divided by `factor` (> 64)
 LLAMA3_ROPE = {
