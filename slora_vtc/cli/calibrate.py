@@ -11,10 +11,8 @@ from slora_vtc.errors import UserError
 def cmd_calibrate(args) -> int:
     if args.vllm_steps:
         return _calibrate_from_steps(args)
-    import pandas as pd
-
-    from slora_vtc.backends.sim import StepTimeModel, load_testbed, save_testbed
-    from slora_vtc.calibrate import MIN_REQUESTS, calibrate, compare, first_run
+    from slora_vtc.backends.sim import StepTimeModel, save_testbed
+    from slora_vtc.calibrate import first_run
     from slora_vtc.data import A10G_PROFILE, MEASURED, data_file
     from slora_vtc.profile import load_profile
 
@@ -31,6 +29,21 @@ def cmd_calibrate(args) -> int:
     points = load_profile(profile)
     model = StepTimeModel.fit(points)
     print(f"profile: {profile}")
+    _print_profile_fit(model, points)
+    runs = [first_run(m) for m in measured]
+    testbed = _testbed(args.testbed, model, measured[0], runs[0], schedulers[0])
+    for path, run, scheduler in zip(measured, runs, schedulers):
+        _print_comparison(testbed, path, run, scheduler)
+    if args.out:
+        save_testbed(testbed, args.out)
+        print(f"wrote {args.out} (use it with --testbed {args.out})")
+    return 0
+
+
+def _print_profile_fit(model, points) -> None:
+    """The fitted forward-pass model and its relative error at each profile point."""
+    import pandas as pd
+
     print("forward pass (seconds):")
     a, b, c = model.prefill_coef
     d, e, f = model.decode_coef
@@ -52,33 +65,41 @@ def cmd_calibrate(args) -> int:
     print(table.to_string(index=False, float_format="%.1f"))
     rms = (table[["prefill err %", "decode err %"]] ** 2).mean() ** 0.5
     print(f"rms: prefill {rms['prefill err %']:.1f}%, decode {rms['decode err %']:.1f}%")
-    runs = [first_run(m) for m in measured]
-    if args.testbed:
-        testbed = load_testbed(args.testbed)
+
+
+def _testbed(given: str | None, model, path: str, run, scheduler: str):
+    """The testbed given (`--testbed`), or one calibrated on the first measured run."""
+    from slora_vtc.backends.sim import load_testbed
+    from slora_vtc.calibrate import calibrate
+
+    if given:
+        testbed = load_testbed(given)
         print(
-            f"testbed {args.testbed}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
+            f"testbed {given}: overhead {testbed.overhead_s * 1000:.2f} ms per forward pass, "
             f"cold start {testbed.cold_start_s:.2f} s (not refitted)"
         )
-    else:
-        testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), runs[0], schedulers[0])
-        print(
-            f"testbed from {measured[0]} ({schedulers[0]}): overhead {testbed.overhead_s * 1000:.2f} ms "
-            f"per forward pass, cold start {testbed.cold_start_s:.2f} s"
-        )
-    for path, run, scheduler in zip(measured, runs, schedulers):
-        c = compare(testbed, run, scheduler)
-        worst = max(c.ttft_errors().items(), key=lambda kv: abs(kv[1]), default=("-", 0.0))
-        share = max((abs(m - s) for m, s in c.share.values()), default=0.0)
-        print(
-            f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, "
-            f"simulated {c.throughput[1]:.1f} tokens/s ({c.throughput_error:+.1%}); "
-            f"service shares within {100 * share:.2f} points; worst per-client mean TTFT "
-            f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)"
-        )
-    if args.out:
-        save_testbed(testbed, args.out)
-        print(f"wrote {args.out} (use it with --testbed {args.out})")
-    return 0
+        return testbed
+    testbed = calibrate(replace(model, overhead_s=0.0, cold_start_s=0.0), run, scheduler)
+    print(
+        f"testbed from {path} ({scheduler}): overhead {testbed.overhead_s * 1000:.2f} ms "
+        f"per forward pass, cold start {testbed.cold_start_s:.2f} s"
+    )
+    return testbed
+
+
+def _print_comparison(testbed, path: str, run, scheduler: str) -> None:
+    """How well the testbed predicts one measured run."""
+    from slora_vtc.calibrate import MIN_REQUESTS, compare
+
+    c = compare(testbed, run, scheduler)
+    worst = max(c.ttft_errors().items(), key=lambda kv: abs(kv[1]), default=("-", 0.0))
+    share = max((abs(m - s) for m, s in c.share.values()), default=0.0)
+    print(
+        f"  {path} ({scheduler}): throughput measured {c.throughput[0]:.1f}, "
+        f"simulated {c.throughput[1]:.1f} tokens/s ({c.throughput_error:+.1%}); "
+        f"service shares within {100 * share:.2f} points; worst per-client mean TTFT "
+        f"error {worst[1]:+.1%} ({worst[0]}, clients with {MIN_REQUESTS}+ requests)"
+    )
 
 
 def _calibrate_from_steps(args) -> int:
