@@ -24,7 +24,7 @@ from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.vtc import VTC, Lift
 from slora_vtc.steplog import read_step_log
 from tests.helpers.cli import assert_one_line_error, run_cli
-from tests.helpers.engine import assert_clean, make_engine, run_engine
+from tests.helpers.engine import assert_clean, make_engine, run_engine, two_backlogged_clients
 
 
 class StepRecorder(ModelBackend):
@@ -402,20 +402,9 @@ def backlogged_gaps(spec, requests, budget, max_seqs, block):
     return gaps
 
 
-@st.composite
-def two_backlogged_clients(draw):
-    requests = []
-    for client in "ab":
-        n = draw(st.integers(5, 40))
-        p_hi, o_hi = draw(st.integers(1, 200)), draw(st.integers(1, 200))
-        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
-        requests += [Request(client, p, o, 0.0) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
-    return draw(st.permutations(requests))
-
-
 @settings(max_examples=40, deadline=None)
 @given(
-    requests=two_backlogged_clients(),
+    requests=two_backlogged_clients(most=40),
     budget=st.sampled_from([16, 32, 64, 128, 256, 512]),
     max_seqs=st.integers(1, 4),
     block=st.sampled_from([1, 16]),

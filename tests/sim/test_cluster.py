@@ -36,6 +36,7 @@ from slora_vtc.metrics import (
 from slora_vtc.request import Request, State
 from slora_vtc.runner import router_options, run_cluster_experiment, run_experiment
 from slora_vtc.sched import build_scheduler
+from tests.helpers.engine import two_backlogged_clients
 
 W_Q = 2
 
@@ -224,15 +225,7 @@ def test_one_replica_equals_a_plain_run(suite, scheduler, extra):
 def backlogged_workload(draw):
     """Two clients with their own length ranges, all sent at t = 0, and 4 replica pools."""
     pools = draw(st.lists(st.integers(600, 2000), min_size=4, max_size=4))
-    requests = []
-    for client in "ab":
-        n = draw(st.integers(20, 80))
-        p_hi, o_hi = draw(st.integers(1, 250)), draw(st.integers(1, 250))
-        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
-        requests += [
-            Request(client, p, o, 0.0, adapter=client) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))
-        ]
-    return pools, draw(st.permutations(requests))
+    return pools, draw(two_backlogged_clients(fewest=20, most=80, longest=250, adapters=True))
 
 
 @settings(max_examples=30, deadline=None)

@@ -6,11 +6,10 @@ VTC counters and in the service actually delivered (prompt at prefill, w_q per o
 """
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from slora_vtc.request import State
 from slora_vtc.sched import build_scheduler
-from tests.helpers.engine import make_engine, req
+from tests.helpers.engine import make_engine, req, two_backlogged_clients
 
 POOL = 600
 W_P, W_Q = 1, 2
@@ -41,20 +40,8 @@ def run_backlogged(spec, requests):
     return diffs
 
 
-@st.composite
-def backlogged_workload(draw):
-    """Each client has its own length ranges (so their requests differ in shape), all sent at t=0."""
-    requests = []
-    for client in "ab":
-        n = draw(st.integers(5, 60))
-        p_hi, o_hi = draw(st.integers(1, 200)), draw(st.integers(1, 200))
-        lengths = st.tuples(st.integers(1, p_hi), st.integers(1, o_hi))
-        requests += [req(client, p, o, 0.0) for p, o in draw(st.lists(lengths, min_size=n, max_size=n))]
-    return draw(st.permutations(requests))
-
-
 @settings(max_examples=25, deadline=None)
-@given(backlogged_workload())
+@given(two_backlogged_clients())
 def test_vtc_keeps_backlogged_clients_within_the_bound(requests):
     limit = bound(requests)
     for counter_diff, service_diff in run_backlogged("vtc", requests):
