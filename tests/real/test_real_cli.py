@@ -140,6 +140,9 @@ def test_bad_model_folder_is_a_one_line_error(capsys, hf_folder, tmp_path, case,
     assert_one_line_error(code, err, message)
 
 
+TORCH_RUN = ["run", "--backend", "torch", "--suite", "overload", "--scheduler", "vtc", "--duration", "5"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -152,74 +155,13 @@ def test_bad_model_folder_is_a_one_line_error(capsys, hf_folder, tmp_path, case,
         (["generate", "--prompt-ids", "1", "--top-p", "0"], "0 < top_p <= 1"),
         (["generate", "--prompt-ids", "1", "--dtype", "float16"], "float16 is not supported on the CPU"),
         (
-            [
-                "run",
-                "--backend",
-                "torch",
-                "--suite",
-                "overload",
-                "--scheduler",
-                "vtc",
-                "--duration",
-                "5",
-                "--pool-tokens",
-                "1000",
-                "--dummy-adapters",
-                "1",
-                "--adapter-rank",
-                "200",
-            ],
+            [*TORCH_RUN, "--pool-tokens", "1000", "--dummy-adapters", "1", "--adapter-rank", "200"],
             "LoRA adapter 'dummy-0' (rank 200, 4 modules) takes 1600 pool slots, "
             "which does not fit a pool of 1000 tokens",
         ),
-        (
-            [
-                "run",
-                "--backend",
-                "torch",
-                "--suite",
-                "overload",
-                "--scheduler",
-                "vtc",
-                "--duration",
-                "5",
-                "--model",
-                "nope",
-            ],
-            "unknown model 'nope'",
-        ),
-        (
-            [
-                "run",
-                "--backend",
-                "torch",
-                "--suite",
-                "overload",
-                "--scheduler",
-                "vtc",
-                "--duration",
-                "5",
-                "--time-scale",
-                "0",
-            ],
-            "--time-scale must be positive",
-        ),
-        (
-            [
-                "run",
-                "--backend",
-                "torch",
-                "--suite",
-                "overload",
-                "--scheduler",
-                "vtc",
-                "--duration",
-                "5",
-                "--adapters",
-                "-1",
-            ],
-            "must not be negative",
-        ),
+        ([*TORCH_RUN, "--model", "nope"], "unknown model 'nope'"),
+        ([*TORCH_RUN, "--time-scale", "0"], "--time-scale must be positive"),
+        ([*TORCH_RUN, "--adapters", "-1"], "must not be negative"),
         (
             ["profile", "--out", "p.json", "--inputs", "8,600", "--outputs", "1", "--pool-tokens", "500"],
             "profile point (600, 1) does not fit",
