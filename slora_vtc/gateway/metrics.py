@@ -29,7 +29,7 @@ class _Collector:
         counters = d.scheduler.counters() if d.scheduler.traits.ledger else {}
 
         def family(kind, name, doc, values):
-            return per_client(kind(f"{PREFIX}_{name}", doc, labels=["client"]), values, lambda value: value)
+            return per_client(kind(f"{PREFIX}_{name}", doc, labels=["client"]), values)
 
         yield family(
             GaugeMetricFamily,

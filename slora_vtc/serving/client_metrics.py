@@ -7,10 +7,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from slora_vtc.serving.ledger import OUTCOMES
 
 
-def per_client(family, rows, value):
-    """`family` (labelled by client) with `value(x)` for each (client, x) of `rows`."""
+def per_client(family, rows, value=None):
+    """`family` (labelled by client) with `value(x)` for each (client, x) of `rows` (x itself without `value`)."""
     for client, x in rows:
-        family.add_metric([client], value(x))
+        family.add_metric([client], x if value is None else value(x))
     return family
 
 
