@@ -5,8 +5,6 @@ through it, and the checks every finished run must pass."""
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from hypothesis import strategies as st
-
 from slora_vtc.backends.base import ModelBackend, StepResult
 from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
@@ -47,21 +45,6 @@ class FixedBackend(ModelBackend):
 
 def req(client: str, prompt: int, out: int, arrival: float = 0.0, rid: int = -1, adapter: str | None = None) -> Request:
     return Request(client, prompt, out, arrival, rid=rid, adapter=adapter)
-
-
-@st.composite
-def two_backlogged_clients(draw, fewest: int = 5, most: int = 60, longest: int = 200, adapters: bool = False):
-    """Clients a and b with `fewest`..`most` requests each, drawn from length ranges of its own (so
-    that the two differ in shape), all sent at t = 0, in a drawn order; with `adapters`, each
-    client's requests use its own adapter (named after it)."""
-    requests = []
-    for client in "ab":
-        n = draw(st.integers(fewest, most))
-        p_hi, o_hi = draw(st.integers(1, longest)), draw(st.integers(1, longest))
-        lengths = st.lists(st.tuples(st.integers(1, p_hi), st.integers(1, o_hi)), min_size=n, max_size=n)
-        adapter = client if adapters else None
-        requests += [Request(client, p, o, 0.0, adapter=adapter) for p, o in draw(lengths)]
-    return draw(st.permutations(requests))
 
 
 def config(pool_tokens: int = 200, lora_rank: int = 0, **kw) -> EngineConfig:

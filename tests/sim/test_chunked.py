@@ -24,7 +24,8 @@ from slora_vtc.sched.fcfs import FCFS
 from slora_vtc.sched.vtc import VTC, Lift
 from slora_vtc.steplog import read_step_log
 from tests.helpers.cli import assert_one_line_error, run_cli
-from tests.helpers.engine import assert_clean, make_engine, run_engine, two_backlogged_clients
+from tests.helpers.engine import assert_clean, make_engine, run_engine
+from tests.helpers.workloads import two_backlogged_clients
 
 
 class StepRecorder(ModelBackend):

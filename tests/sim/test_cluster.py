@@ -36,7 +36,7 @@ from slora_vtc.metrics import (
 from slora_vtc.request import Request, State
 from slora_vtc.runner import router_options, run_cluster_experiment, run_experiment
 from slora_vtc.sched import build_scheduler
-from tests.helpers.engine import two_backlogged_clients
+from tests.helpers.workloads import two_backlogged_clients
 
 W_Q = 2
 

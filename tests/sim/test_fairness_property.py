@@ -9,7 +9,8 @@ from hypothesis import given, settings
 
 from slora_vtc.request import State
 from slora_vtc.sched import build_scheduler
-from tests.helpers.engine import make_engine, req, two_backlogged_clients
+from tests.helpers.engine import make_engine, req
+from tests.helpers.workloads import two_backlogged_clients
 
 POOL = 600
 W_P, W_Q = 1, 2
