@@ -317,8 +317,15 @@ class ChunkedBatching:
         if completed:
             eng.memory.cache_prefill(r for r in completed if r.state is State.RUNNING)
         if finishing:
-            batch = [c.req for c in plan.chunks] + plan.decodes
-            eng._retire([r for r in batch if r.state is State.RUNNING] if failed else batch)
+            eng._retire(self._scheduled_in_order(plan))
+
+    def _scheduled_in_order(self, plan: Plan) -> list[Request]:
+        """The step's requests still running, in the order vLLM schedules them (its running list's,
+        then those it started), which is the order in which it frees those that finished: a prefix
+        cache evicts the blocks freed first first. Ours is the running list's too (started requests
+        joined its end; failed ones left it)."""
+        scheduled = {id(c.req) for c in plan.chunks}.union(map(id, plan.decodes))
+        return [r for r in self.engine.running if id(r) in scheduled]
 
     def _append_tokens(self, plan: Plan, result: StepResult) -> tuple[list[Request], list[Request]]:
         """The step's tokens: a completed prefill's first, one per decode. Returns the requests whose

@@ -438,3 +438,21 @@ def test_a_backend_without_mixed_steps_cannot_run_chunked_batching():
     with pytest.raises(UserError, match="FixedBackend cannot run --batching chunked") as e:
         make_engine("vtc", batching="chunked")
     assert "\n" not in str(e.value)
+
+
+def test_requests_that_finish_in_one_step_end_in_the_running_lists_order():
+    """vLLM frees the requests that finish in a step in the order it scheduled them (its running
+    list's, then the ones it started), and its prefix cache evicts the blocks freed first first: a
+    soak of tests/vllm/test_step_rule.py found runs (seeds 6344 and 7755, FCFS, shared prefixes)
+    where freeing in another order made a later request miss a block vLLM kept. Here `a` decodes
+    its last token in the step that starts `b`, whose only token comes with its prefill: `a` ends
+    first, though `b`'s chunk comes first in the step's plan."""
+    ended = []
+    a, b = Request("a", 8, 3, 0.0, rid=0), Request("b", 8, 1, 1.5, rid=1)
+    engine = make_engine(
+        "fcfs", StepRecorder(), clients=["a", "b"], on_end=ended.append, pool_tokens=64,
+        batching="chunked", max_num_batched_tokens=64, max_num_seqs=4, block_size=4,
+    )  # fmt: skip
+    engine.run([a, b])
+    assert engine.backend.steps[-1] == [(1, 8, "chunk"), (0, 1, "decode")]  # both end in this step
+    assert [r.rid for r in ended] == [0, 1]

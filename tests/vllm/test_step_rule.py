@@ -102,7 +102,9 @@ def our_steps(spec: str, s: dict) -> tuple[list[dict[int, int]], dict[int, int]]
 
 @pytest.mark.parametrize("shared", [False, True], ids=["lengths", "shared-prefixes"])
 @pytest.mark.parametrize("spec", ["fcfs", "vtc", "lcf"])
-@pytest.mark.parametrize("seed", range(32))
+# 6344 and 7755: found by soaks over seeds 8 to 8,007 (FCFS with shared prefixes: requests that finish
+# in one step must be freed in the order vLLM scheduled them, or its prefix cache keeps other blocks)
+@pytest.mark.parametrize("seed", [*range(32), 6344, 7755])
 def test_our_chunked_batching_schedules_what_vllm_schedules(tiny_model, spec, seed, shared):
     s = scenario(seed, shared)
     theirs, their_preemptions = vllm_steps(tiny_model, spec, s)
