@@ -9,8 +9,8 @@ from slora_vtc.serving.keepalive import KEEP_ALIVE_HELP
 def add_front_door_args(parser, port: int, clients_help: str, queue: str) -> None:
     """`queue`: where requests wait before they run (the scheduler's queue, or the gateway's)."""
     parser.add_argument("--clients", help=f"clients file (TOML): {clients_help}")
-    parser.add_argument("--host", default=FrontDoor.host)
-    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--host", default=FrontDoor.host, help=f"address to listen on (default {FrontDoor.host})")
+    parser.add_argument("--port", type=int, default=port, help=f"port to listen on (default {port})")
     parser.add_argument(
         "--max-waiting",
         type=int,

@@ -1,6 +1,7 @@
 """`gateway`: a fair OpenAI-compatible proxy in front of one or more upstream servers (docs/gateway.md)."""
 
 from slora_vtc.cli.front_door import add_front_door_args, front_door_settings
+from slora_vtc.serving.front_door import GATEWAY_PORT
 
 
 def cmd_gateway(args) -> int:
@@ -39,7 +40,9 @@ def add_parsers(sub) -> None:
         default="vtc",
         help="scheduler spec needing only token counts: fcfs, rpm:N, vtc, lcf, wvtc:..., vtc-... (default: vtc)",
     )
-    add_front_door_args(gw, port=8080, clients_help="API keys, weights, RPM limits, as for serve", queue="the gateway")
+    add_front_door_args(
+        gw, port=GATEWAY_PORT, clients_help="API keys, weights, RPM limits, as for serve", queue="the gateway"
+    )
     gw.add_argument(
         "--max-inflight",
         type=int,

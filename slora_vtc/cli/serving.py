@@ -13,6 +13,7 @@ from slora_vtc.cli.experiments import (
     report,
 )
 from slora_vtc.cli.front_door import add_front_door_args, front_door_settings
+from slora_vtc.serving.front_door import SERVER_PORT
 
 
 def cmd_serve(args) -> int:
@@ -89,7 +90,7 @@ def add_parsers(sub) -> None:
     )
     srv.add_argument("--scheduler", default="vtc", help="scheduler spec, as for `run` (default: vtc)")
     add_front_door_args(
-        srv, port=8000, clients_help="API keys, weights, RPM limits, LoRA adapters", queue="the scheduler"
+        srv, port=SERVER_PORT, clients_help="API keys, weights, RPM limits, LoRA adapters", queue="the scheduler"
     )
     srv.add_argument("--pool-tokens", type=int, default=10_000, help="memory pool size in tokens (default 10000)")
     srv.add_argument(

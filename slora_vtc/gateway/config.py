@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import httpx2
 
 from slora_vtc.errors import UserError
-from slora_vtc.serving.front_door import FrontDoor
+from slora_vtc.serving.front_door import GATEWAY_PORT, FrontDoor
 
 DEFAULT_MAX_INFLIGHT = 64  # per upstream, when it does not expose vLLM's queue metrics and no --max-inflight is given
 # per upstream under a scheduler that defers to the upstream's (passthrough): only a bound against a runaway client
@@ -29,7 +29,7 @@ class GatewayConfig(FrontDoor):
 
     upstreams: tuple[str, ...]
     scheduler: str = "vtc"
-    port: int = 8080
+    port: int = GATEWAY_PORT
     max_inflight: int | None = None  # fixed per upstream; None: adapted from vLLM's queue metrics where exposed
     connect_timeout_s: float = 5.0
     upstream_timeout_s: float = 300.0  # the longest wait for the upstream's next byte

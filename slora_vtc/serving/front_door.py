@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from slora_vtc.errors import UserError
 from slora_vtc.serving.keepalive import KEEP_ALIVE_S
 
+SERVER_PORT, GATEWAY_PORT = 8000, 8080  # where serve and gateway listen unless told
+
 
 @dataclass(frozen=True)
 class FrontDoor:
     clients_file: str | None = None  # API keys, weights, RPM limits (clients.py)
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = SERVER_PORT
     max_waiting: int = 2048  # beyond this many queued, a client over its even share of it gets a 503 with Retry-After
     max_body_bytes: int = 1 << 20  # larger request bodies get a 413 before they are parsed
     metrics_key: str | None = None  # when set, GET /metrics needs 'Authorization: Bearer KEY' (it names clients)

@@ -2,8 +2,9 @@
 own, and no two modules import each other, directly or around a circle (lazy imports included;
 imports only for type checkers are not imports)."""
 
-import ast
 from pathlib import Path
+
+from tests.helpers.imports import imported
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slora_vtc"
 
@@ -28,40 +29,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_nodes(path: Path) -> list[ast.AST]:
-    """The nodes of `path`'s syntax tree, leaving out `if TYPE_CHECKING:` blocks."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
-        for n in ast.walk(node)
-    }
-    return [node for node in ast.walk(tree) if id(node) not in typing_only]
-
-
 def top_level_imports(path: Path) -> set[str]:
     """The top-level packages `path` imports (at any depth): `vllm`, `torch`, `slora_vtc`, ..."""
-    found = set()
-    for node in import_nodes(path):
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[0] for a in node.names}
-    return found
+    return {name.split(".")[0] for name in imported(path, type_checking=False)}
 
 
 def imports(path: Path) -> set[str]:
     """The slora_vtc modules `path` imports (at any depth), leaving out `if TYPE_CHECKING:` blocks."""
-    found = set()
-    for node in import_nodes(path):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slora_vtc."):
-            found |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
-        elif isinstance(node, ast.ImportFrom) and node.module == "slora_vtc":
-            found |= {f"slora_vtc.{a.name}" for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("slora_vtc.")}
-    return found
+    return {name for name in imported(path, type_checking=False) if name.startswith("slora_vtc.")}
 
 
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}

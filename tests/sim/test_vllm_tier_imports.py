@@ -2,24 +2,12 @@
 hypothesis: no test module there, and no module of tests/ that one of them imports (directly or
 through another), may import hypothesis. Checked here, in the fast tier, from the source alone."""
 
-import ast
 from pathlib import Path
 
 from tests.helpers.files import REPO
+from tests.helpers.imports import imported
 
 NOT_IN_VLLM_VENV = {"hypothesis"}
-
-
-def imported(path: Path) -> set[str]:
-    """The modules `path` imports, anywhere in it (lazy imports included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from tests.vllm import load`
-    return names
 
 
 def source_of(module: str) -> Path | None:
