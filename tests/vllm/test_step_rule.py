@@ -103,7 +103,8 @@ def our_steps(spec: str, s: dict) -> tuple[list[dict[int, int]], dict[int, int]]
 @pytest.mark.parametrize("shared", [False, True], ids=["lengths", "shared-prefixes"])
 @pytest.mark.parametrize("spec", ["fcfs", "vtc", "lcf"])
 # 6344 and 7755: found by soaks over seeds 8 to 8,007 (FCFS with shared prefixes: requests that finish
-# in one step must be freed in the order vLLM scheduled them, or its prefix cache keeps other blocks)
+# in one step must be freed in the order vLLM scheduled them, or its prefix cache keeps other blocks);
+# since that fix, seeds 4,808 to 14,407 all pass
 @pytest.mark.parametrize("seed", [*range(32), 6344, 7755])
 def test_our_chunked_batching_schedules_what_vllm_schedules(tiny_model, spec, seed, shared):
     s = scenario(seed, shared)
