@@ -41,7 +41,7 @@ from slora_vtc.sched.victims import may_preempt, victims_last
 from slora_vtc.step_logger import StepWork
 
 if TYPE_CHECKING:
-    from slora_vtc.engine import Engine
+    from slora_vtc.engine import Engine, Horizon
 
 
 @dataclass
@@ -87,9 +87,10 @@ class ChunkedBatching:
         )
 
     # -- the engine's calls -----------------------------------------------------------------------
-    def step(self, until: float | None) -> bool:
+    def step(self, until: float | None, horizon: "Horizon | None" = None) -> bool:
         """Given `until` on a simulated backend, the steps up to it, single and macro alike, in one
-        call: nothing from outside the engine changes anything before `until` (Engine.step)."""
+        call: nothing from outside the engine changes anything before `until` (Engine.step). A
+        macro-step runs on past `until` to what `horizon` says it must stop at."""
         if until is None or not self._macro or self.engine.step_log is not None:
             return self._single_step()
         clock, stepped = self.engine.clock, False
@@ -98,7 +99,7 @@ class ChunkedBatching:
                 if not self._single_step():
                     break
             else:
-                self._event_next = decode_ahead(self, alike, until)
+                self._event_next = decode_ahead(self, alike, until, horizon)
             stepped = True
         return stepped
 

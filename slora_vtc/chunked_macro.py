@@ -6,9 +6,10 @@ short of a block (no preemption; with the prefix cache, no eviction either, unle
 are its single steps': `_may_evict`), and nothing admitted from the waiting queue: none can be (the
 budget or the sequence cap is used up, or not a block is free), or the request the scheduler would
 try at each step (`LookAhead.heads`) provably does not fit. The steps end at the first finish, and
-the backend stops them at the next arrival (`decode_run`).
+the backend stops them at the next arrival that does not queue behind (`decode_run`, `Engine._horizon`).
 """
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -17,6 +18,7 @@ from slora_vtc.memory.budget import CacheHits
 
 if TYPE_CHECKING:
     from slora_vtc.chunked import ChunkedBatching
+    from slora_vtc.engine import Engine, Horizon
     from slora_vtc.request import Request
 
 
@@ -120,13 +122,14 @@ def _until_admission(chunked: "ChunkedBatching", blocks: DecodeBlocks, steps: in
     return steps
 
 
-def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool:
-    """Run the alike decode steps at once, stopping at the first that ends at or after `until`.
+def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float, horizon: "Horizon | None" = None) -> bool:
+    """Run the alike decode steps at once, stopping at the first that ends at or after `until`,
+    or, given `horizon`, at or after the first event it names before they end (Engine.step).
     Returns whether they ended where the next step is likely not alike: one that may admit or
     preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
     eng, block = chunked.engine, chunked.config.block_size
     running = eng.running
-    steps, end = eng.backend.decode_run(running, alike.steps, eng.clock.now(), until)
+    steps, end = _decode_run(eng, alike.steps, until, horizon)
     before_last = steps - 1  # the running list is ordered as the last step's start orders it, where it counts
     if not _ordered_victims_last(chunked, alike, steps):
         _grow_and_charge(chunked, alike.spare, steps)
@@ -148,6 +151,18 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float) -> bool
         eng._retire(running)
         return eng.scheduler.num_waiting() > 0
     return True
+
+
+def _decode_run(eng: "Engine", steps: int, until: float, horizon: "Horizon | None") -> tuple[int, float]:
+    """The backend's decode_run of the running requests up to `until`; where that cuts the steps
+    short and `horizon` lets them run past `until`, up to what it says instead."""
+    run, now = eng.backend.decode_run, eng.clock.now()
+    done, end = run(eng.running, steps, now, until)
+    if done == steps or horizon is None:
+        return done, end
+    _, last = run(eng.running, steps, now, math.inf)
+    stop = horizon(last)
+    return (done, end) if stop <= until else run(eng.running, steps, now, stop)
 
 
 def _ordered_victims_last(chunked: "ChunkedBatching", alike: Alike, steps: int) -> bool:

@@ -33,6 +33,7 @@ from slora_vtc.step_logger import StepLogger, StepWork
 from slora_vtc.steplog import StepLogWriter
 
 EndHook = Callable[[Request], None]
+Horizon = Callable[[float], float]  # Engine.step's horizon
 
 
 class Engine:
@@ -115,15 +116,17 @@ class Engine:
         self.step_log = StepLogger(StepLogWriter(path).open(), self.memory, self.backend.simulated)
 
     # -- the loop -------------------------------------------------------------------------
-    def step(self, until: float | None = None) -> bool:
+    def step(self, until: float | None = None, horizon: Horizon | None = None) -> bool:
         """One forward pass; returns False when there was nothing the engine could run.
 
         `until`: when the next thing outside the engine happens (an arrival, the end of the run).
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
-        after `until`, or earlier where single steps would stop being alike.
+        after `until`, or earlier where single steps would stop being alike. `horizon` (chunked
+        batching): given the end of a macro-step, the first event before it that the macro-step
+        must stop at; arrivals before that one are added after it (`_horizon`).
         """
         if self.chunked is not None:
-            return self.chunked.step(until)
+            return self.chunked.step(until, horizon)
         ahead = until is not None and self._macro and bool(self.running) and self.step_log is None
         if ahead and (steps := self._alike_steps(attempt_now=True)):
             self._decode_ahead(steps, until)  # the attempt due now, if any, provably admits nothing
@@ -158,7 +161,9 @@ class Engine:
             while nxt < len(pending) and pending[nxt].arrival <= self.clock.now():
                 self.add_request(pending[nxt])
                 nxt += 1
-            if self.step(None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end):
+            next_event = None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end
+            horizon = None if on_step or self.chunked is None else self._horizon(pending, nxt, end)
+            if self.step(next_event, horizon):
                 if on_step:
                     on_step()
             elif nxt < len(pending):
@@ -166,6 +171,26 @@ class Engine:
             elif self.busy:
                 raise RuntimeError("scheduler keeps requests waiting while the engine is idle")
         return pending
+
+    def _horizon(self, pending: list[Request], nxt: int, end: float) -> Horizon:
+        """Engine.step's `horizon`: of the requests arriving by `last` (pending[nxt:]), the first
+        that does not queue behind, or `end`. One that queues behind (the scheduler's
+        queues_behind, and the engine would not reject it) changes nothing that a macro-step reads
+        (it admits and preempts nothing): adding it after the macro-step ends it as single steps would."""
+
+        def first_event(last: float) -> float:
+            i = nxt
+            while i < len(pending) and pending[i].arrival <= last:
+                if not self._queues_behind(pending[i]):
+                    return min(pending[i].arrival, end)
+                i += 1
+            return end
+
+        return first_event
+
+    def _queues_behind(self, req: Request) -> bool:
+        accepted = (req.adapter is None or self.backend.has_adapter(req.adapter)) and fits_alone(req, self.config)
+        return accepted and self.scheduler.traits.lookahead and self.scheduler.queues_behind(req)
 
     def stop(self, reason: str, not_arrived: Iterable[Request] = ()) -> None:
         """Abort every running, waiting and not yet arrived request."""

@@ -59,3 +59,7 @@ class FCFS(Scheduler, LookAhead):
         if type(self).peek is not FCFS.peek or not self._queue:  # a subclass with its own order says for itself
             return None
         return [(0, self._queue[0])]  # the queue does not move while nothing arrives or is admitted
+
+    def queues_behind(self, req: Request) -> bool:
+        own_rules = type(self).on_arrival is FCFS.on_arrival and type(self).peek is FCFS.peek
+        return own_rules and bool(self._queue)  # behind the head, which stays

@@ -23,3 +23,10 @@ class LookAhead:
         nothing when that request does not fit, and then changes nothing that matters. None: it
         cannot say, and the engine asks select at each such step."""
         return None
+
+    def queues_behind(self, req: Request) -> bool:
+        """Whether `on_arrival(req)` now would accept `req` and only queue it behind waiting
+        requests that stay ahead of it while nothing is admitted or preempted, reading nothing
+        that time changes: then no head changes, and a macro-step that admits and preempts nothing
+        may run past its arrival, the request added after it. False: it cannot say."""
+        return False

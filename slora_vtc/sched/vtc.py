@@ -258,7 +258,9 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         return 0.0
 
     # -- the look-ahead of macro-steps (vtc_lookahead.py) ---------------------------------------------
-    KNOWN_TO_LOOKAHEAD = {"peek": peek, "on_decode_step": on_decode_step, "token_charge": token_charge}
+    KNOWN_TO_LOOKAHEAD = {
+        "peek": peek, "on_arrival": on_arrival, "on_decode_step": on_decode_step, "token_charge": token_charge
+    }  # fmt: skip
 
     @cached_property
     def decode_token_charge(self) -> int | None:
@@ -271,3 +273,6 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
 
     def heads(self, running: list[Request], steps: int, budget: AdmissionBudget) -> list[tuple[int, Request]] | None:
         return vtc_lookahead.heads(self, running, steps)
+
+    def queues_behind(self, req: Request) -> bool:
+        return vtc_lookahead.queues_behind(self, req)

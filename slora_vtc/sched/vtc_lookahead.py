@@ -9,8 +9,9 @@ of integers that small do not round), so `steps` decode steps are charged at onc
 The same rates say which waiting client `select` would take first after s steps: the one with the
 smallest counter + rate * s (ties: the earlier registration). The first client stays first until
 one that grows slower overtakes it, at a step found in integers; so the heads after each step are
-a short list of (first step, request) pairs. Where any of this does not hold, the functions answer
-False / None and the engine takes single steps.
+a short list of (first step, request) pairs. An arrival whose client has requests waiting joins
+the end of its client's queue and changes neither (`queues_behind`). Where any of this does not
+hold, the functions answer False / None and the engine takes single steps.
 """
 
 from typing import TYPE_CHECKING
@@ -91,6 +92,13 @@ def charge_steps(vtc: "VTC", running: list[Request], steps: int) -> bool:
     for req in running:
         vtc.records[req.rid].charged = req.generated + steps
     return True
+
+
+def queues_behind(vtc: "VTC", req: Request) -> bool:
+    """An arrival whose client has requests waiting joins the end of its client's queue: its
+    client's counter is not lifted, and its head and place among the waiting clients stay."""
+    client = vtc.clients.get(req.client)
+    return client is not None and bool(client.queue) and _built_in(vtc, "on_arrival") and _built_in(vtc, "peek")
 
 
 def _overtakes(other: tuple, best: tuple) -> int:

@@ -4,19 +4,23 @@ FCFS, VTC, LCF and RPM), every request ends exactly as single steps end it, and 
 The expected values come from single steps (EngineConfig.macro_steps off), the step rule itself.
 """
 
+import copy
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slora_vtc import chunked
 from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.chunked_macro import DecodeBlocks, slots_to_grow
+from slora_vtc.chunked_macro import decode_ahead as ahead
 from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
 from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
 from tests.helpers.engine import config, make_engine
+from tests.helpers.sched import FakeBudget
 
 SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
 PREFIXES = [list(range(1000 * k, 1000 * k + 200)) for k in range(1, 4)]  # shared prompt starts
@@ -79,6 +83,70 @@ def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix
         block_size=block,
     )  # fmt: skip
     assert ended(requests, spec, True, **cfg) == ended(requests, spec, False, **cfg)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec=st.sampled_from(["fcfs", "vtc", "wvtc:1,2,3,4"]),
+    shapes=st.lists(st.tuples(st.sampled_from("abcd"), st.integers(1, 50), st.integers(1, 50)), max_size=12),
+    admitted=st.integers(0, 12),
+    steps=st.integers(1, 40),
+    newcomer=st.tuples(st.sampled_from("abcd"), st.integers(1, 50), st.integers(1, 50)),
+)
+def test_an_arrival_that_queues_behind_changes_no_head_and_no_counter(spec, shapes, admitted, steps, newcomer):
+    """What lets a macro-step run past an arrival (Engine._horizon): where queues_behind says so,
+    the arrival leaves what select tries first now and after each of the next steps, and every
+    counter, as they were; queues_behind says so exactly when the arrival's client has requests
+    waiting (its queue, FCFS: the one queue)."""
+    sched, budget = build_scheduler(spec, list("abcd")), FakeBudget()
+    for rid, (client, prompt, out) in enumerate(shapes):
+        sched.on_arrival(Request(client, prompt, out, float(rid), rid=rid), float(rid))
+    running = []
+    while len(running) < admitted and (req := sched.peek(budget)) is not None:
+        sched.pop(req, 100.0)
+        sched.on_prefill(req, req.prompt_len, 0, 100.0)
+        running.append(req)
+    sched.on_decode_step(running, 101.0)
+    client, prompt, out = newcomer
+    new = Request(client, prompt, out, 200.0, rid=len(shapes))
+    waiting = sched.waiting_by_client()
+    assert sched.queues_behind(new) == bool(waiting if spec == "fcfs" else waiting.get(client))
+    if not sched.queues_behind(new):
+        return
+
+    def seen() -> tuple:
+        return sched.peek(budget), sched.heads(running, steps, budget), sched.counters() if sched.traits.ledger else 0
+
+    before = seen()
+    assert sched.on_arrival(new, 200.0)
+    assert seen() == before
+
+
+@pytest.mark.parametrize("spec", ["fcfs", "vtc"])
+def test_a_macro_step_runs_past_arrivals_that_queue_behind(monkeypatch, spec):
+    """Two requests decode 100 tokens; a prompt of 540 tokens waits behind them in a 600-token pool
+    (it needs 34 blocks of 16; from their first decode on the two hold 4 of the pool's 37), and
+    five requests of its client arrive behind it while they decode (from 1.5 s, 0.5 s apart; the
+    first step ends at 1.21 s, the testbed's cold start, and the 99 decodes after it take about 3 s).
+    Single steps admit nothing until the first finish, so those 99 steps are one macro-step; when
+    the scheduler cannot say that the arrivals queue behind, each arrival cuts it: six."""
+    waiting_behind = [Request("a", 16, 10, 1.5 + 0.5 * k, rid=3 + k) for k in range(5)]
+    requests = [Request("a", 16, 100, 0.0, rid=0), Request("b", 16, 100, 0.0, rid=1)]
+    requests += [Request("a", 540, 10, 0.001, rid=2), *waiting_behind]
+    cfg = dict(batching="chunked", pool_tokens=600, block_size=16, max_num_batched_tokens=2048)
+
+    def macro_steps_before_the_first_finish(says: bool) -> int:
+        engine = make_engine(spec, SimBackend(TESTBEDS["a10g-2024"]), clients="ab", base=config(), **cfg)
+        if not says:
+            monkeypatch.setattr(engine.scheduler, "queues_behind", lambda req: False)
+        starts = []
+        monkeypatch.setattr(chunked, "decode_ahead", lambda c, *a: starts.append(engine.clock.now()) or ahead(c, *a))
+        served = [copy.copy(r) for r in requests]
+        engine.run(served)
+        return sum(t < served[0].finish_time for t in starts)
+
+    assert macro_steps_before_the_first_finish(True) == 1
+    assert macro_steps_before_the_first_finish(False) == 6
 
 
 def blocks_by_steps(spare: list[int], block: int, steps: int) -> int:
