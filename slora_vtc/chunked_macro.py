@@ -9,7 +9,6 @@ try at each step (`LookAhead.heads`) provably does not fit. The steps end at the
 the backend stops them at the next arrival that does not queue behind (`decode_run`, `Engine._horizon`).
 """
 
-import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -18,7 +17,7 @@ from slora_vtc.memory.budget import CacheHits
 
 if TYPE_CHECKING:
     from slora_vtc.chunked import ChunkedBatching
-    from slora_vtc.engine import Engine, Horizon
+    from slora_vtc.engine import Horizon
     from slora_vtc.request import Request
 
 
@@ -129,7 +128,7 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float, horizon
     preempt, or a finish with requests waiting (always safe: a single step is the rule itself)."""
     eng, block = chunked.engine, chunked.config.block_size
     running = eng.running
-    steps, end = _decode_run(eng, alike.steps, until, horizon)
+    steps, end = eng.decode_run(alike.steps, until, horizon)
     before_last = steps - 1  # the running list is ordered as the last step's start orders it, where it counts
     if not _ordered_victims_last(chunked, alike, steps):
         _grow_and_charge(chunked, alike.spare, steps)
@@ -151,18 +150,6 @@ def decode_ahead(chunked: "ChunkedBatching", alike: Alike, until: float, horizon
         eng._retire(running)
         return eng.scheduler.num_waiting() > 0
     return True
-
-
-def _decode_run(eng: "Engine", steps: int, until: float, horizon: "Horizon | None") -> tuple[int, float]:
-    """The backend's decode_run of the running requests up to `until`; where that cuts the steps
-    short and `horizon` lets them run past `until`, up to what it says instead."""
-    run, now = eng.backend.decode_run, eng.clock.now()
-    done, end = run(eng.running, steps, now, until)
-    if done == steps or horizon is None:
-        return done, end
-    _, last = run(eng.running, steps, now, math.inf)
-    stop = horizon(last)
-    return (done, end) if stop <= until else run(eng.running, steps, now, stop)
 
 
 def _ordered_victims_last(chunked: "ChunkedBatching", alike: Alike, steps: int) -> bool:

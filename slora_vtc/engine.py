@@ -18,6 +18,7 @@ Under `config.batching == "chunked"` every step is vLLM's instead (slora_vtc/chu
 budget, running requests first, waiting prompts prefilled in chunks, memory in blocks.
 """
 
+import math
 from collections.abc import Callable, Iterable
 
 from slora_vtc.backends.base import ModelBackend, StepResult
@@ -121,15 +122,15 @@ class Engine:
 
         `until`: when the next thing outside the engine happens (an arrival, the end of the run).
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
-        after `until`, or earlier where single steps would stop being alike. `horizon` (chunked
-        batching): given the end of a macro-step, the first event before it that the macro-step
-        must stop at; arrivals before that one are added after it (`_horizon`).
+        after `until`, or earlier where single steps would stop being alike. `horizon`: given the
+        end of a macro-step, the first event before it that the macro-step must stop at; arrivals
+        before that one queue behind and are added after it (`_horizon`).
         """
         if self.chunked is not None:
             return self.chunked.step(until, horizon)
         ahead = until is not None and self._macro and bool(self.running) and self.step_log is None
         if ahead and (steps := self._alike_steps(attempt_now=True)):
-            self._decode_ahead(steps, until)  # the attempt due now, if any, provably admits nothing
+            self._decode_ahead(steps, until, horizon)  # the attempt due now, if any, provably admits nothing
             return True
         new = self._admit()
         if new:
@@ -138,7 +139,7 @@ class Engine:
         if self.running:  # a decode may finish the last running request: it still was a step
             steps = self._alike_steps(attempt_now=False) if ahead else 0
             if steps:
-                self._decode_ahead(steps, until)
+                self._decode_ahead(steps, until, horizon)
             else:
                 self._decode()
             return True
@@ -162,7 +163,7 @@ class Engine:
                 self.add_request(pending[nxt])
                 nxt += 1
             next_event = None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end
-            horizon = None if on_step or self.chunked is None else self._horizon(pending, nxt, end)
+            horizon = None if on_step else self._horizon(pending, nxt, end)
             if self.step(next_event, horizon):
                 if on_step:
                     on_step()
@@ -252,13 +253,23 @@ class Engine:
         first = max(0 if attempt_now else 1, self.config.max_wait_steps - self._steps_since_admission)
         return alike_steps(self.running, self.scheduler, self.memory, self.config, first)
 
-    def _decode_ahead(self, steps: int, until: float) -> None:
-        steps, end = self.backend.decode_run(self.running, steps, self.clock.now(), until)
+    def _decode_ahead(self, steps: int, until: float, horizon: Horizon | None) -> None:
+        steps, end = self.decode_run(steps, until, horizon)
         self.memory.extend(self.running, steps)
         self._charge_and_grow(steps)
         self.clock.wait_until(end)  # virtual time: now = end, summed step by step by the backend
         self._steps_since_admission += steps
         self._retire(self.running)
+
+    def decode_run(self, steps: int, until: float, horizon: Horizon | None) -> tuple[int, float]:
+        """The backend's decode_run of the running requests up to `until` (steps run, end time);
+        where that cuts the steps short and `horizon` lets them run past `until`, up to what it
+        names instead (Engine.step)."""
+        run, now = self.backend.decode_run, self.clock.now()
+        if horizon is None:
+            return run(self.running, steps, now, until)
+        done, end = run(self.running, steps, now, math.inf)  # the time they all take
+        return (done, end) if end < until else run(self.running, steps, now, max(until, horizon(end)))
 
     def _charge_and_grow(self, steps: int) -> None:
         """Each running request `steps` tokens longer (what append_token does for the tokens a

@@ -94,3 +94,6 @@ class Delegating(Scheduler, Ledger, LookAhead):
 
     def heads(self, running: list[Request], steps: int, budget: AdmissionBudget) -> list[tuple[int, Request]] | None:
         return self.inner.heads(running, steps, budget)
+
+    def queues_behind(self, req: Request) -> bool:
+        return self.inner.queues_behind(req)

@@ -41,6 +41,11 @@ class RateLimited(Delegating):
             self._accepted.move_to_end(req.client)
         return True
 
+    def queues_behind(self, req: Request) -> bool:
+        """The inner scheduler's answer for a client without a limit; with one, whether the limit
+        accepts an arrival depends on the arrivals before it, which a look ahead past them misses."""
+        return self.inner.queues_behind(req) and self.limit_of(req.client) is None
+
     def _recent(self, client: str, now: float) -> int:
         recent = self._accepted.get(client)
         if recent is None:

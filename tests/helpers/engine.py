@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from slora_vtc.backends.base import ModelBackend, StepResult
+from slora_vtc.backends.sim import TESTBEDS, SimBackend
 from slora_vtc.builder import build_engine
 from slora_vtc.clock import VirtualClock
 from slora_vtc.config import EngineConfig
@@ -93,6 +94,24 @@ def run_engine(
     engine = make_engine(scheduler, backend, on_end=ended.append, **options)
     engine.run(requests, on_step=(lambda: on_step(engine)) if on_step else None, until=until)
     return engine, ended
+
+
+def outcomes(requests: list[Request], spec: str, clients: Iterable[str] = (), **cfg) -> tuple[list[tuple], dict]:
+    """Run copies of the requests through an engine on the simulator (`spec`'s scheduler for
+    `clients`, else the requests' clients; config() with `cfg` replaced); how each ended, and the
+    scheduler's counters."""
+    copies = [
+        Request(r.client, r.prompt_len, r.max_new_tokens, r.arrival, rid=r.rid, prompt_ids=r.prompt_ids)
+        for r in requests
+    ]
+    scheduler = build_scheduler(spec, list(clients) or sorted({r.client for r in requests}))
+    make_engine(scheduler, SimBackend(TESTBEDS["a10g-2024"]), base=config(), **cfg).run(copies)
+    outcome = [
+        (r.rid, r.state, r.reason, r.generated, r.first_admitted, r.first_token_time, r.finish_time, r.preemptions)
+        + (r.recomputed, r.cached_tokens)
+        for r in copies
+    ]
+    return outcome, scheduler.counters() if scheduler.traits.ledger else {}
 
 
 def assert_clean(engine: Engine, requests: list[Request]) -> None:

@@ -5,7 +5,6 @@ The expected values come from single steps (EngineConfig.macro_steps off), the s
 """
 
 import copy
-import random
 
 import pytest
 from hypothesis import given, settings
@@ -19,57 +18,20 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.request import Request
 from slora_vtc.runner import run_experiment
 from slora_vtc.sched import build_scheduler
-from tests.helpers.engine import config, make_engine
+from tests.helpers.engine import config, make_engine, outcomes
 from tests.helpers.sched import FakeBudget
+from tests.helpers.workloads import arrivals
 
 SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
-PREFIXES = [list(range(1000 * k, 1000 * k + 200)) for k in range(1, 4)]  # shared prompt starts
-
-
-@st.composite
-def workloads(draw) -> list[Request]:
-    shapes = draw(
-        st.lists(
-            st.tuples(
-                st.floats(0, 4, allow_nan=False), st.integers(1, 300), st.integers(1, 120), st.sampled_from("abcd")
-            ),
-            min_size=1,
-            max_size=30,
-        )
-    )
-    seed = draw(st.integers(0, 2**16))
-    rng = random.Random(seed)
-    requests = []
-    for rid, (arrival, prompt, out, client) in enumerate(sorted(shapes)):
-        shared = PREFIXES[rng.randrange(len(PREFIXES))][: rng.randrange(prompt + 1)]
-        ids = shared + [rng.randrange(10**6, 2 * 10**6) for _ in range(prompt - len(shared))]
-        requests.append(Request(client, prompt, out, arrival, rid=rid, prompt_ids=ids))
-    return requests
 
 
 def ended(requests: list[Request], spec: str, macro: bool, **cfg) -> tuple[list[tuple], dict]:
-    """Run copies of the requests; how each ended, and the scheduler's counters."""
-    copies = [
-        Request(r.client, r.prompt_len, r.max_new_tokens, r.arrival, rid=r.rid, prompt_ids=r.prompt_ids)
-        for r in requests
-    ]
-    scheduler = build_scheduler(spec, sorted({r.client for r in requests}))
-    engine = make_engine(
-        scheduler, SimBackend(TESTBEDS["a10g-2024"]), base=config(), batching="chunked", macro_steps=macro, **cfg
-    )
-    engine.run(copies)
-    outcome = [
-        (r.rid, r.state, r.reason, r.generated, r.first_admitted, r.first_token_time, r.finish_time, r.preemptions)
-        + (r.recomputed, r.cached_tokens)
-        for r in copies
-    ]
-    counters = scheduler.counters() if scheduler.traits.ledger else {}
-    return outcome, counters
+    return outcomes(requests, spec, batching="chunked", macro_steps=macro, **cfg)
 
 
 @settings(max_examples=120, deadline=None)
 @given(
-    requests=workloads(),
+    requests=arrivals(),
     spec=st.sampled_from(SCHEDULERS),
     prefix_cache=st.booleans(),
     pool=st.integers(320, 4000),
@@ -87,7 +49,7 @@ def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix
 
 @settings(max_examples=300, deadline=None)
 @given(
-    spec=st.sampled_from(["fcfs", "vtc", "wvtc:1,2,3,4"]),
+    spec=st.sampled_from(["fcfs", "vtc", "wvtc:1,2,3,4", "rpm:3"]),
     shapes=st.lists(st.tuples(st.sampled_from("abcd"), st.integers(1, 50), st.integers(1, 50)), max_size=12),
     admitted=st.integers(0, 12),
     steps=st.integers(1, 40),
@@ -97,7 +59,8 @@ def test_an_arrival_that_queues_behind_changes_no_head_and_no_counter(spec, shap
     """What lets a macro-step run past an arrival (Engine._horizon): where queues_behind says so,
     the arrival leaves what select tries first now and after each of the next steps, and every
     counter, as they were; queues_behind says so exactly when the arrival's client has requests
-    waiting (its queue, FCFS: the one queue)."""
+    waiting (its queue, FCFS: the one queue), and never behind a rate limit (whose window counts
+    the arrivals before)."""
     sched, budget = build_scheduler(spec, list("abcd")), FakeBudget()
     for rid, (client, prompt, out) in enumerate(shapes):
         sched.on_arrival(Request(client, prompt, out, float(rid), rid=rid), float(rid))
@@ -110,7 +73,8 @@ def test_an_arrival_that_queues_behind_changes_no_head_and_no_counter(spec, shap
     client, prompt, out = newcomer
     new = Request(client, prompt, out, 200.0, rid=len(shapes))
     waiting = sched.waiting_by_client()
-    assert sched.queues_behind(new) == bool(waiting if spec == "fcfs" else waiting.get(client))
+    behind = bool(waiting if spec == "fcfs" else waiting.get(client)) and spec != "rpm:3"  # a limit: never
+    assert sched.queues_behind(new) == behind
     if not sched.queues_behind(new):
         return
 

@@ -48,6 +48,7 @@ def call_everything(sched, spies: list[Spy], methods: set[str] = EVERY_METHOD) -
         "on_decode_step": lambda: sched.on_decode_step([a], 1.0),
         "charge_steps": lambda: sched.charge_steps([a], 1, 1.0),
         "heads": lambda: sched.heads([a], 1, FakeBudget()),
+        "queues_behind": lambda: sched.queues_behind(b),
         "choose_victim": lambda: sched.choose_victim([a, b], 1.0),
         "victim_order": lambda: sched.victim_order([a, b], 1.0),
         "victim_order_after": lambda: sched.victim_order_after([a, b], 2, 1.0),
