@@ -138,8 +138,8 @@ def test_macro_steps_take_the_same_steps_in_far_fewer_passes(scheduler):
     engine.run(requests)
     assert (macro.decode_steps, macro.prefills) == (single.decode_steps, single.prefills)
     assert single.passes == single.prefills + single.decode_steps  # single steps: one pass each
-    # ~3,500 steps, 270 arrivals; the queue never empties, so every arrival queues behind and cuts no
-    # macro-step: they end at admissions and finishes, fewer than the arrivals (before, each cut one)
+    # ~3,500 steps, 270 arrivals; once both clients have requests waiting, an arrival queues behind and
+    # cuts no macro-step: they end at admissions and finishes, fewer than the arrivals (before, each cut one)
     assert macro.passes < 270
 
 
