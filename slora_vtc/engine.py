@@ -72,16 +72,21 @@ class Engine:
             req.rid, self._next_rid = self._next_rid, self._next_rid + 1
         if self.step_log is not None:
             self.step_log.took_in()
-        if req.adapter is not None and not self.backend.has_adapter(req.adapter):
-            self._end(req, State.REJECTED, f"unknown LoRA adapter '{req.adapter}'")
-            return False
-        if not fits_alone(req, self.config):
-            self._end(req, State.REJECTED, "request can never fit the memory pool")
+        if (refusal := self._refusal(req)) is not None:
+            self._end(req, State.REJECTED, refusal)
             return False
         if not self.scheduler.on_arrival(req, req.arrival):
             self._end(req, State.REJECTED, "rejected by the scheduler (rate limit)")
             return False
         return True
+
+    def _refusal(self, req: Request) -> str | None:
+        """Why the engine rejects a request at arrival, before its scheduler sees it (None: it does not)."""
+        if req.adapter is not None and not self.backend.has_adapter(req.adapter):
+            return f"unknown LoRA adapter '{req.adapter}'"
+        if not fits_alone(req, self.config):
+            return "request can never fit the memory pool"
+        return None
 
     def abort(self, req: Request, reason: str = "aborted", keep_cache: bool = True) -> None:
         """End a waiting or running request now and free its slots (its K/V stay cached unless
@@ -163,7 +168,7 @@ class Engine:
                 self.add_request(pending[nxt])
                 nxt += 1
             next_event = None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end
-            horizon = None if on_step else self._horizon(pending, nxt, end)
+            horizon = self._horizon(pending, nxt, end) if self._macro and not on_step else None
             if self.step(next_event, horizon):
                 if on_step:
                     on_step()
@@ -190,8 +195,8 @@ class Engine:
         return first_event
 
     def _queues_behind(self, req: Request) -> bool:
-        accepted = (req.adapter is None or self.backend.has_adapter(req.adapter)) and fits_alone(req, self.config)
-        return accepted and self.scheduler.traits.lookahead and self.scheduler.queues_behind(req)
+        scheduler = self.scheduler
+        return self._refusal(req) is None and scheduler.traits.lookahead and scheduler.queues_behind(req)
 
     def stop(self, reason: str, not_arrived: Iterable[Request] = ()) -> None:
         """Abort every running, waiting and not yet arrived request."""

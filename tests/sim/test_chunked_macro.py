@@ -25,10 +25,6 @@ from tests.helpers.workloads import arrivals
 SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
 
 
-def ended(requests: list[Request], spec: str, macro: bool, **cfg) -> tuple[list[tuple], dict]:
-    return outcomes(requests, spec, batching="chunked", macro_steps=macro, **cfg)
-
-
 @settings(max_examples=120, deadline=None)
 @given(
     requests=arrivals(),
@@ -41,10 +37,10 @@ def ended(requests: list[Request], spec: str, macro: bool, **cfg) -> tuple[list[
 )
 def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix_cache, pool, budget, max_seqs, block):
     cfg = dict(
-        prefix_cache=prefix_cache, pool_tokens=pool, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-        block_size=block,
+        batching="chunked", prefix_cache=prefix_cache, pool_tokens=pool, max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs, block_size=block,
     )  # fmt: skip
-    assert ended(requests, spec, True, **cfg) == ended(requests, spec, False, **cfg)
+    assert outcomes(requests, spec, macro_steps=True, **cfg) == outcomes(requests, spec, macro_steps=False, **cfg)
 
 
 @settings(max_examples=300, deadline=None)
