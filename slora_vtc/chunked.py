@@ -85,33 +85,42 @@ class ChunkedBatching:
         self._macro = (
             self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
         )
+        self._shared_queue = engine.scheduler.traits.shared_queue
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None, horizon: "Horizon | None" = None) -> bool:
         """Given `until` on a simulated backend, the steps up to it, single and macro alike, in one
         call: nothing from outside the engine changes anything before `until` (Engine.step). A
-        macro-step runs on past `until` to what `horizon` says it must stop at."""
+        macro-step runs on past `until` to what `horizon` says it must stop at. Where other engines
+        pull from the scheduler's queue (`Traits.shared_queue`), a single step (which may admit or
+        preempt) only starts a call, and one that changed the queue ends it: the others see the
+        change at the time it happens, before this engine's next step (cluster/cluster.py)."""
         if until is None or not self._macro or self.engine.step_log is not None:
-            return self._single_step()
+            return self._single_step() is not None
         clock, stepped = self.engine.clock, False
         while not stepped or clock.now() < until:  # at least one, as a single call would
             if self._event_next or not (alike := alike_steps(self)).steps:
-                if not self._single_step():
+                if stepped and self._shared_queue:
+                    break  # it may change the queue others pull from: it starts the next call, at its time
+                if (plan := self._single_step()) is None:
                     break
+                if self._shared_queue and (plan.started or plan.preempted):
+                    return True  # the others see the queue it changed before this engine's next step
             else:
                 self._event_next = decode_ahead(self, alike, until, horizon)
             stepped = True
         return stepped
 
-    def _single_step(self) -> bool:
+    def _single_step(self) -> Plan | None:
+        """One step of the rule: its plan, or None when it changed nothing."""
         self._event_next = False
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
-            return plan.preempted > 0
+            return plan if plan.preempted else None
         self._charge(plan)
         self._count_recomputed(plan)
         self._run(plan)
-        return True
+        return plan
 
     def forget(self, req: Request) -> None:
         """A request ended."""

@@ -9,8 +9,8 @@ something concerns it: a request dispatched to it at t moves it to t first, so i
 before its arrival. Each event costs O(log N).
 
 Pull routers (global VTC) keep requests in their own queue: an arrival wakes one idle replica,
-which pulls what it can; a replica that pulls nothing stays idle until the next arrival or the
-next admission anywhere (which changes what heads the queue).
+which pulls what it can; a replica that pulls nothing stays idle until the next arrival, or the
+next admission or preemption anywhere (which change what heads the queue).
 
 With one replica the loop makes the same calls in the same order as Engine.run.
 """
@@ -149,7 +149,10 @@ class Cluster:
 
     def _step(self, i: int, t: float, next_event: float | None, on_step: StepHook | None) -> None:
         engine = self.engines[i]
+        waiting = engine.scheduler.num_waiting()
         if engine.step() if next_event is None else engine.step(next_event):
+            if self.router.pulls and engine.scheduler.num_waiting() > waiting:
+                self._idle_tried.clear()  # it preempted: what heads the shared queue may fit elsewhere
             heapq.heappush(self._heap, (engine.clock.now(), i))
             if on_step:
                 on_step(i)

@@ -15,6 +15,7 @@ slots its prefill needs are available now; the engine preempts when a decode ste
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -75,28 +76,56 @@ class Budget(AdmissionBudget):
     def __init__(self, config: EngineConfig, running: list[Request], memory: "MemoryManager | None" = None):
         self.config = config
         self.optimistic = config.admission == "optimistic"
+        self._running = running  # read when first needed (a round's check, before the batch changes)
         self._memory = memory
         self._cache = memory.cache if memory is not None else None
-        self._adapters = {r.adapter for r in running if r.adapter is not None}
-        self.adapter_slots = sum(config.slots_of(a) for a in self._adapters)  # resident + admitted, each at its size
         self.reserved = (
             self._cache.locked if self._cache else 0
         )  # cached slots held by running requests (and this round's)
         self._seen: dict[int, int] = {}  # tree nodes this round has reserved: node id -> tokens of it
         self.available = memory.available if memory is not None else config.pool_tokens  # optimistic: slots left now
         self._prompt_tokens = 0
-        shared = memory.shared_tokens if memory is not None and memory.cache is not None else None
-        # sorted once (stable: ties keep the running order, as inserting one by one after equals would);
-        # the pairs are (-remaining, held_tokens) without their properties' calls, the hottest loop here
-        if shared:
-            pairs = [(-r.remaining, r.held_tokens - shared(r)) for r in running]
-        else:
-            pairs = [(r.generated - r.max_new_tokens, r.prompt_len + r.generated) for r in running]
-        entries = sorted(pairs, key=itemgetter(0))
-        self.neg_to_generate: list[int] = [neg for neg, _ in entries]  # ascending, i.e. to_generate descending
-        self.held: list[int] = [held for _, held in entries]
-        self.count = len(entries)
         self.terms: tuple | None = None  # the macro-steps' terms of these entries (macro_step.running_terms)
+
+    @cached_property
+    def _adapters(self) -> set[str]:
+        """The adapters of the running batch, and of what this round admitted."""
+        return {r.adapter for r in self._running if r.adapter is not None}
+
+    @cached_property
+    def adapter_slots(self) -> int:
+        """Slots of the resident adapters and of this round's new ones, each at its size."""
+        return sum(self.config.slots_of(a) for a in self._adapters)
+
+    @cached_property
+    def _entries(self) -> tuple[list[int], list[int]]:
+        """The running batch sorted once (stable: ties keep the running order, as inserting one by
+        one after equals would) by -remaining, with the tokens each holds; the pairs are made
+        without the properties' calls, the hottest loop here. A macro-step that asks a scheduler
+        which cannot say what it would admit never sorts them."""
+        memory = self._memory
+        shared = memory.shared_tokens if memory is not None and memory.cache is not None else None
+        if shared:
+            pairs = [(-r.remaining, r.held_tokens - shared(r)) for r in self._running]
+        else:
+            pairs = [(r.generated - r.max_new_tokens, r.prompt_len + r.generated) for r in self._running]
+        entries = sorted(pairs, key=itemgetter(0))
+        return [neg for neg, _ in entries], [held for _, held in entries]
+
+    @property
+    def neg_to_generate(self) -> list[int]:
+        """-tokens to generate of each entry, ascending (to generate descending)."""
+        return self._entries[0]
+
+    @property
+    def held(self) -> list[int]:
+        """Tokens each entry holds, in the order of neg_to_generate."""
+        return self._entries[1]
+
+    @property
+    def count(self) -> int:
+        """Entries: the running batch and what this round admitted."""
+        return len(self._entries[0])
 
     def cached_len(self, req: Request) -> int:
         return self._memory.cached_len(req) if self._cache else 0
@@ -155,4 +184,3 @@ class Budget(AdmissionBudget):
         pos = bisect_right(self.neg_to_generate, -to_generate)
         self.neg_to_generate.insert(pos, -to_generate)
         self.held.insert(pos, held)
-        self.count += 1

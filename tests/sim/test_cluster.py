@@ -36,7 +36,7 @@ from slora_vtc.metrics import (
 from slora_vtc.request import Request, State
 from slora_vtc.runner import router_options, run_cluster_experiment, run_experiment
 from slora_vtc.sched import build_scheduler
-from tests.helpers.workloads import two_backlogged_clients
+from tests.helpers.workloads import arrivals, two_backlogged_clients
 
 W_Q = 2
 
@@ -189,6 +189,71 @@ def test_cluster_result_service_is_the_sum_of_the_replicas():
         if r.status == "finished":
             by_hand[r.client] += r.prompt_len + 2 * r.output_len
     assert total == pytest.approx(dict(by_hand))
+
+
+@pytest.mark.parametrize("config", [{"admission": "optimistic"}, {"batching": "chunked", "block_size": 1}])
+def test_a_request_preempted_on_one_replica_is_pulled_by_an_idle_one_it_fits(config):
+    """Replica 1 (420 tokens) finds nothing to pull at first: after replica 0 takes requests 0 and 1
+    (100 + 300 tokens each), request 2 (a 450-token prompt) heads the queue and never fits it. When
+    replica 0 (600 tokens) runs short, it preempts request 1, which goes back to the head of the
+    queue and, at 400 tokens at most, fits replica 1: replica 1 must look again and take it, and
+    request 2 then starts on replica 0 before request 1 finishes (instead of after it)."""
+    requests = [
+        Request("a", 100, 300, 0.0, rid=0),
+        Request("a", 100, 300, 0.0, rid=1),
+        Request("a", 450, 5, 0.0, rid=2),
+    ]
+    c = build_cluster(
+        build_router("global-vtc", RouterOptions(("a",))),
+        [EngineConfig(pool_tokens=p, **config) for p in (600, 420)],
+        [sim_backend() for _ in range(2)],
+        lambda: build_scheduler("vtc", ["a"]),
+    )
+    c.run(requests)
+    first, second, big = requests
+    assert [r.state for r in requests] == [State.FINISHED] * 3
+    assert second.preemptions == 1 and c.replica_of[second.rid] == 1
+    assert c.replica_of[big.rid] == 0 and first.finish_time < big.first_token_time < second.finish_time
+
+
+# -- macro-steps are single steps --------------------------------------------------------------
+def cluster_outcomes(router: str, scheduler: str, requests: list[Request], single: bool, **config) -> tuple:
+    """How copies of the requests end on three replicas, and the counters of the first replica's
+    scheduler (the shared one's under global VTC); `single`: an on_step observer, which makes every
+    replica take single steps."""
+    copies = [Request(r.client, r.prompt_len, r.max_new_tokens, r.arrival, rid=r.rid) for r in requests]
+    r = build_router(router, RouterOptions(tuple("abcd")))
+    c = build_cluster(
+        r,
+        [EngineConfig(pool_tokens=p, **config) for p in (500, 800, 650)],
+        [sim_backend() for _ in range(3)],
+        lambda: build_scheduler(scheduler, list("abcd")),
+    )
+    c.run(copies, on_step=(lambda i: None) if single else None)
+    ends = [(q.rid, q.state, q.generated, q.first_token_time, q.finish_time, q.preemptions) for q in copies]
+    sched = c.engines[0].scheduler
+    return ends, [c.replica_of.get(q.rid) for q in copies], sched.counters() if sched.traits.ledger else {}
+
+
+@pytest.mark.parametrize(
+    "router, scheduler, config",
+    [
+        ("global-vtc", "vtc", {}),
+        ("global-vtc", "vtc", {"batching": "chunked", "max_num_batched_tokens": 256, "block_size": 16}),
+        ("global-vtc", "wvtc:1,2,1,3", {}),
+        ("global-vtc", "lcf", {"admission": "optimistic"}),
+        ("d2lpm:800", "dlpm:600", {}),
+        ("round-robin", "vtc", {}),
+    ],
+)
+@settings(max_examples=40, deadline=None)
+@given(requests=arrivals())
+def test_a_clusters_macro_steps_end_as_single_steps(router, scheduler, config, requests):
+    """A replica's macro-steps (global VTC's charged at once on the shared counters) against every
+    replica taking single steps: the same requests end the same way, on the same replicas, with
+    the same counters."""
+    macro = cluster_outcomes(router, scheduler, requests, single=False, **config)
+    assert macro == cluster_outcomes(router, scheduler, requests, single=True, **config)
 
 
 # -- one replica is one engine ----------------------------------------------------------------
