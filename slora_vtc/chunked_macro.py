@@ -6,7 +6,7 @@ short of a block (no preemption; with the prefix cache, no eviction either, unle
 are its single steps': `_may_evict`), and nothing admitted from the waiting queue: none can be (the
 budget or the sequence cap is used up, or not a block is free), or the request the scheduler would
 try at each step (`LookAhead.heads`) provably does not fit. The steps end at the first finish, and
-the backend stops them at the next arrival that does not queue behind (`decode_run`, `Engine._horizon`).
+the backend stops them at the next arrival that does not queue behind (`decode_run`, `Engine.arrival_horizon`).
 """
 
 from bisect import bisect_left

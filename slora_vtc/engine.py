@@ -129,7 +129,7 @@ class Engine:
         Given it, a simulated decode may run as a macro-step, up to the first step ending at or
         after `until`, or earlier where single steps would stop being alike. `horizon`: given the
         end of a macro-step, the first event before it that the macro-step must stop at; arrivals
-        before that one queue behind and are added after it (`_horizon`).
+        before that one queue behind and are added after it (`arrival_horizon`).
         """
         if self.chunked is not None:
             return self.chunked.step(until, horizon)
@@ -168,7 +168,7 @@ class Engine:
                 self.add_request(pending[nxt])
                 nxt += 1
             next_event = None if on_step else min(end, pending[nxt].arrival) if nxt < len(pending) else end
-            horizon = self._horizon(pending, nxt, end) if self._macro and not on_step else None
+            horizon = None if on_step else self.arrival_horizon(pending, nxt, end)
             if self.step(next_event, horizon):
                 if on_step:
                     on_step()
@@ -178,11 +178,15 @@ class Engine:
                 raise RuntimeError("scheduler keeps requests waiting while the engine is idle")
         return pending
 
-    def _horizon(self, pending: list[Request], nxt: int, end: float) -> Horizon:
-        """Engine.step's `horizon`: of the requests arriving by `last` (pending[nxt:]), the first
-        that does not queue behind, or `end`. One that queues behind (the scheduler's
-        queues_behind, and the engine would not reject it) changes nothing that a macro-step reads
-        (it admits and preempts nothing): adding it after the macro-step ends it as single steps would."""
+    def arrival_horizon(self, pending: list[Request], nxt: int, end: float) -> Horizon | None:
+        """Engine.step's `horizon` (None where no macro-step reads one: not a simulated backend on a
+        virtual clock): of the requests arriving by `last` (pending[nxt:], this engine's, in
+        arrival order), the first that does not queue behind, or `end`. One that queues behind
+        (the scheduler's queues_behind, and the engine would not reject it) changes nothing that a
+        macro-step reads (it admits and preempts nothing): adding it after the macro-step ends it
+        as single steps would."""
+        if not self._macro:
+            return None
 
         def first_event(last: float) -> float:
             i = nxt
@@ -196,7 +200,7 @@ class Engine:
 
     def _queues_behind(self, req: Request) -> bool:
         scheduler = self.scheduler
-        return self._refusal(req) is None and scheduler.traits.lookahead and scheduler.queues_behind(req)
+        return scheduler.traits.lookahead and scheduler.queues_behind(req) and self._refusal(req) is None
 
     def stop(self, reason: str, not_arrived: Iterable[Request] = ()) -> None:
         """Abort every running, waiting and not yet arrived request."""
@@ -271,7 +275,7 @@ class Engine:
         where that cuts the steps short and `horizon` lets them run past `until`, up to what it
         names instead (Engine.step)."""
         run, now = self.backend.decode_run, self.clock.now()
-        if horizon is None:
+        if horizon is None or horizon(until) <= until:  # the arrival at `until` does not queue behind
             return run(self.running, steps, now, until)
         done, end = run(self.running, steps, now, math.inf)  # the time they all take
         return (done, end) if end < until else run(self.running, steps, now, max(until, horizon(end)))

@@ -7,7 +7,7 @@ the prefix cache (which changes what waiting requests would reuse). `alike_steps
 steps from now are certain to be alike; the engine then charges them at once
 (`LookAhead.charge_steps`), takes their slots at once and lets the backend time them
 (`ModelBackend.decode_run`, which also stops at the next arrival that does not queue behind:
-`LookAhead.queues_behind`, `Engine._horizon`). An admission attempt that falls
+`LookAhead.queues_behind`, `Engine.arrival_horizon`). An admission attempt that falls
 inside is skipped only where it provably admits nothing: the scheduler names the request its
 select would try first after each step (`LookAhead.heads`) and `first_fit` below says when that
 request would first fit. Where a scheduler cannot say (no `Traits.lookahead`, or heads is None),

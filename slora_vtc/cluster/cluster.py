@@ -17,11 +17,10 @@ With one replica the loop makes the same calls in the same order as Engine.run.
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable, Iterable
 
 from slora_vtc.cluster.router import NewScheduler, Router
-from slora_vtc.engine import EndHook, Engine
+from slora_vtc.engine import EndHook, Engine, Horizon
 from slora_vtc.request import Request
 
 StepHook = Callable[[int], None]  # called with the replica's index after each of its steps
@@ -97,7 +96,10 @@ class Cluster:
                 nxt += 1
             else:
                 i = heapq.heappop(self._heap)[1]
-                self._step(i, t, None if on_step else self._next_event(i, nxt, t_arrival, end), on_step)
+                if on_step:
+                    self._step(i, None, None, on_step)
+                else:
+                    self._step(i, self._next_event(i, nxt, t_arrival, end), self._horizon(i, end), None)
             if self.router.pulls:
                 self._wake_for_queue(t)
         self._check_drained()
@@ -105,21 +107,23 @@ class Cluster:
 
     def _plan(self, pending: list[Request]) -> None:
         """A router whose choice depends on nothing but the requests routes them all up front, so
-        that each replica knows when its own next request comes (and may decode ahead until then)."""
+        that each replica knows when its own next request comes (and may decode ahead until then,
+        or past it where the request queues behind: Engine.arrival_horizon)."""
         self._targets: list[int] | None = None
         if self.router.stateless:
             self._targets = [self.router.route(req, self.engines) for req in pending]
-            self._own_arrivals = [deque() for _ in self.engines]
+            self._own: list[list[Request]] = [[] for _ in self.engines]  # each replica's requests, by arrival
             for req, i in zip(pending, self._targets):
-                self._own_arrivals[i].append(req.arrival)
+                self._own[i].append(req)
+            self._own_next = [0] * len(self.engines)  # of each, the first not yet dispatched
 
     def _next_event(self, i: int, nxt: int, t_arrival: float, end: float) -> float:
         """The earliest time something from outside may change replica i: its next request (any
         request, unless routed up front), and under a pull router the next step of any other
         replica (it changes the shared queue and counters)."""
         if self._targets is not None:
-            own = self._own_arrivals[i]
-            t_arrival = own[0] if own else math.inf
+            own, k = self._own[i], self._own_next[i]
+            t_arrival = own[k].arrival if k < len(own) else math.inf
         if self.router.pulls and self._heap:
             t_arrival = min(t_arrival, self._heap[0][0])
         return min(t_arrival, end)
@@ -135,7 +139,7 @@ class Cluster:
             i = self.router.route(req, self.engines)
         else:
             i = self._targets[n]
-            self._own_arrivals[i].popleft()
+            self._own_next[i] += 1
         engine = self.engines[i]
         if not self.router.pulls:
             self.replica_of[req.rid] = i
@@ -147,10 +151,16 @@ class Cluster:
         elif not self._active[i] and engine.busy:
             self._activate(i)
 
-    def _step(self, i: int, t: float, next_event: float | None, on_step: StepHook | None) -> None:
+    def _horizon(self, i: int, end: float) -> Horizon | None:
+        """Replica i's Engine.step horizon: where its requests are routed up front, its own."""
+        if self._targets is None:
+            return None
+        return self.engines[i].arrival_horizon(self._own[i], self._own_next[i], end)
+
+    def _step(self, i: int, next_event: float | None, horizon: Horizon | None, on_step: StepHook | None) -> None:
         engine = self.engines[i]
         waiting = engine.scheduler.num_waiting()
-        if engine.step() if next_event is None else engine.step(next_event):
+        if engine.step() if next_event is None else engine.step(next_event, horizon):
             if self.router.pulls and engine.scheduler.num_waiting() > waiting:
                 self._idle_tried.clear()  # it preempted: what heads the shared queue may fit elsewhere
             heapq.heappush(self._heap, (engine.clock.now(), i))

@@ -52,7 +52,7 @@ def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix
     newcomer=st.tuples(st.sampled_from("abcd"), st.integers(1, 50), st.integers(1, 50)),
 )
 def test_an_arrival_that_queues_behind_changes_no_head_and_no_counter(spec, shapes, admitted, steps, newcomer):
-    """What lets a macro-step run past an arrival (Engine._horizon): where queues_behind says so,
+    """What lets a macro-step run past an arrival (Engine.arrival_horizon): where queues_behind says so,
     the arrival leaves what select tries first now and after each of the next steps, and every
     counter, as they were; queues_behind says so exactly when the arrival's client has requests
     waiting (its queue, FCFS: the one queue), and never behind a rate limit (whose window counts

@@ -35,7 +35,7 @@ from slora_vtc.metrics import (
 )
 from slora_vtc.request import Request, State
 from slora_vtc.runner import router_options, run_cluster_experiment, run_experiment
-from slora_vtc.sched import build_scheduler
+from slora_vtc.sched import VTC, build_scheduler
 from tests.helpers.workloads import arrivals, two_backlogged_clients
 
 W_Q = 2
@@ -244,6 +244,7 @@ def cluster_outcomes(router: str, scheduler: str, requests: list[Request], singl
         ("global-vtc", "lcf", {"admission": "optimistic"}),
         ("d2lpm:800", "dlpm:600", {}),
         ("round-robin", "vtc", {}),
+        ("round-robin", "fcfs", {"batching": "chunked", "max_num_batched_tokens": 256, "block_size": 16}),
     ],
 )
 @settings(max_examples=40, deadline=None)
@@ -254,6 +255,46 @@ def test_a_clusters_macro_steps_end_as_single_steps(router, scheduler, config, r
     the same counters."""
     macro = cluster_outcomes(router, scheduler, requests, single=False, **config)
     assert macro == cluster_outcomes(router, scheduler, requests, single=True, **config)
+
+
+class VTCThatCannotSay(VTC):
+    """VTC whose queues_behind cannot say (the LookAhead default): every arrival ends a macro-step."""
+
+    def queues_behind(self, req: Request) -> bool:
+        return False
+
+
+def test_a_replica_routed_up_front_decodes_past_its_arrivals_that_queue_behind():
+    """Round-robin routes every request before the run. Clients a and b send 150 requests each, one
+    every 0.1 s, to two replicas whose pools (1,500 tokens) hold about ten of them: both clients soon
+    have requests waiting at both replicas, so nearly every later arrival queues behind one of its
+    client's, and a replica's macro-steps run on past it. The same run where VTC cannot say so ends
+    each macro-step at every arrival: the same outcomes, at least one call per arrival."""
+    requests = [
+        Request(c, 50, 80, 0.1 * i + (0.05 if c == "b" else 0.0), rid=2 * i + (c == "b"))
+        for i in range(150)
+        for c in "ab"
+    ]
+
+    def run(scheduler_class) -> tuple[list[tuple], int]:
+        copies = [Request(r.client, r.prompt_len, r.max_new_tokens, r.arrival, rid=r.rid) for r in requests]
+        c = build_cluster(
+            build_router("round-robin", RouterOptions(("a", "b"))),
+            [EngineConfig(pool_tokens=1_500)] * 2,
+            [sim_backend() for _ in range(2)],
+            lambda: scheduler_class(),
+        )
+        calls = Counter()
+        for i, engine in enumerate(c.engines):
+            step = engine.step
+            engine.step = lambda *a, i=i, step=step: (calls.update([i]), step(*a))[1]
+        c.run(copies)
+        return [(q.rid, q.state, q.first_token_time, q.finish_time) for q in copies], sum(calls.values())
+
+    ends, calls = run(VTC)
+    ends_without, calls_without = run(VTCThatCannotSay)
+    assert ends == ends_without and all(end[1] is State.FINISHED for end in ends)
+    assert calls_without >= len(requests) and calls < len(requests) / 2
 
 
 # -- one replica is one engine ----------------------------------------------------------------
