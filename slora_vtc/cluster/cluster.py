@@ -119,14 +119,14 @@ class Cluster:
 
     def _next_event(self, i: int, nxt: int, t_arrival: float, end: float) -> float:
         """The earliest time something from outside may change replica i: its next request (any
-        request, unless routed up front), and under a pull router the next step of any other
-        replica (it changes the shared queue and counters)."""
+        request, unless routed up front), under a pull router the next step of any other replica
+        (it changes the shared queue and counters), and what the router does by itself."""
         if self._targets is not None:
             own, k = self._own[i], self._own_next[i]
             t_arrival = own[k].arrival if k < len(own) else math.inf
         if self.router.pulls and self._heap:
             t_arrival = min(t_arrival, self._heap[0][0])
-        return min(t_arrival, end)
+        return min(t_arrival, self.router.next_own_event(), end)
 
     def _number(self, requests: list[Request]) -> None:
         next_rid = max((r.rid for r in requests), default=-1) + 1

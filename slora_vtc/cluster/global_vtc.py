@@ -9,6 +9,8 @@ shared counters: the counters are the cluster's service, exactly, at every step.
 synchronised every `sync_s` seconds.
 """
 
+import math
+
 from slora_vtc.cluster.router import AdmitHook, NewScheduler, Router, RouterOptions, largest_pool
 from slora_vtc.cluster.router_group import Ingress, RouterGroup
 from slora_vtc.cluster.shared import SharedView
@@ -27,6 +29,7 @@ class GlobalVTC(Router):
     def __init__(self, options: RouterOptions):
         self.options = options
         self.shared: Scheduler | None = None
+        self.group: RouterGroup | None = None  # with several routers: the shared scheduler
 
     def schedulers(self, n: int, new_scheduler: NewScheduler, on_admit: AdmitHook) -> list[Scheduler]:
         self.shared = self._shared(new_scheduler)
@@ -42,7 +45,11 @@ class GlobalVTC(Router):
                 f"--routers {o.routers}: each router keeps VTC counters, so --scheduler must be a VTC "
                 "(vtc, wvtc, lcf, vtc-...)"
             )
-        return RouterGroup(routers, Ingress(o.routers, o.clients, o.ingress_skew, o.seed), o.sync_s)
+        self.group = RouterGroup(routers, Ingress(o.routers, o.clients, o.ingress_skew, o.seed), o.sync_s)
+        return self.group
+
+    def next_own_event(self) -> float:
+        return math.inf if self.group is None else self.group.next_sync()
 
     def route(self, req: Request, engines: list[Engine]) -> int:
         return largest_pool(engines)  # its admission check; replicas with room then pull it

@@ -1,5 +1,6 @@
 """The router interface: where each new request goes, and what it learns when one ends."""
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,12 @@ class Router(ABC):
     @abstractmethod
     def route(self, req: Request, engines: list[Engine]) -> int:
         """The replica the request goes to."""
+
+    def next_own_event(self) -> float:
+        """When the router next changes something by itself, not called by a replica (global VTC's
+        routers synchronise their counters): no replica's macro-step runs past it, as the steps that
+        start after it see what it changes."""
+        return math.inf
 
     def on_end(self, req: Request, replica: int) -> None:  # noqa: B027 (a hook: most routers learn nothing)
         """A request routed to `replica` ended (finished, rejected or aborted); -1: it never reached one."""

@@ -70,6 +70,11 @@ class RouterGroup(Scheduler, Ledger):
         # sync_s = 0: every call syncs
         self._next_sync = now if self.sync_s == 0 else (math.floor(now / self.sync_s) + 1) * self.sync_s
 
+    def next_sync(self) -> float:
+        """When the routers next exchange their counters by the clock (inf: never, or at every call).
+        A replica's macro-step must not charge steps that start after it at once with those before."""
+        return math.inf if self.sync_s == 0 else self._next_sync
+
     def totals(self) -> dict[str, float]:
         """Cluster-wide counters: the last totals plus each router's increase since."""
         names = {c for r in self.routers for c in r.counters()}
