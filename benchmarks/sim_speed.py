@@ -41,6 +41,14 @@ VARIANTS = (  # on overload: every other scheduler and setting that changes what
     {"scheduler": "vtc", "prefix_cache": True},
     {"scheduler": "vtc", "horizon": 300.0},
 )
+CLUSTER = {"replicas": 4, "load_scale": 4, "duration": 120.0, "horizon": 120.0}  # on overload: each router kind
+CLUSTER_VARIANTS = (
+    {"router": "round-robin", "scheduler": "vtc"},
+    {"router": "d2lpm:20000", "scheduler": "dlpm:8000"},
+    {"router": "global-vtc", "scheduler": "vtc"},
+    {"router": "global-vtc", "scheduler": "wvtc:4,1", "routers": 2, "router_sync": 5.0, "ingress_skew": 1.0},
+    {"router": "global-vtc", "scheduler": "vtc", "batching": "chunked"},
+)
 
 
 def run(exp: Experiment, macro_steps: bool = True) -> RunResult:
@@ -93,7 +101,8 @@ def speed_row(suite: str, scheduler: str, result, samples: list[float], single_s
 
 def check_cases() -> list[dict]:
     """Every suite under its schedulers (the prefix suites with the cache, ending with their
-    arrivals as their figures do), and every variant on overload."""
+    arrivals as their figures do), every variant on overload, and overload on four replicas behind
+    each kind of router."""
     cases = []
     for suite in SUITES.values():
         if suite.name.startswith("prefix"):
@@ -106,6 +115,7 @@ def check_cases() -> list[dict]:
         else:
             cases += [{"suite": suite.name, "scheduler": s} for s in PAPER_SCHEDULERS]
     cases += [{"suite": "overload", **v} for v in VARIANTS]
+    cases += [{"suite": "overload", **CLUSTER, **v} for v in CLUSTER_VARIANTS]
     cases.append(
         {
             "suite": "prefix_tot",

@@ -34,7 +34,7 @@ def run_experiment(
     if exp.cluster.clustered:
         if step_log is not None:
             raise UserError("--step-log logs one engine: it does not apply to --replicas or --routers")
-        return run_cluster_experiment(exp, progress)
+        return run_cluster_experiment(exp, progress, macro_steps)
     workload, config = exp.workload.build(), replace(exp.engine_config(), macro_steps=macro_steps)
     requests = exp.requests(workload)
     if exp.backend.real:
@@ -48,14 +48,16 @@ def run_experiment(
     return RunResult.of(exp.result_config(config.pool_tokens, workload.duration), requests, total)
 
 
-def run_cluster_experiment(exp: Experiment, progress: bool = False) -> RunResult:
-    """Several simulated replicas behind a router; the result records each request's replica."""
+def run_cluster_experiment(exp: Experiment, progress: bool = False, macro_steps: bool = True) -> RunResult:
+    """Several simulated replicas behind a router; the result records each request's replica.
+    `macro_steps=False`: every replica runs one decode step at a time."""
     from slora_vtc.cluster import build_router  # only for a cluster run: a single engine's start skips it
     from slora_vtc.cluster.serve import build_cluster, serve_cluster
 
     if exp.backend.real:
         raise UserError("--replicas and --routers run on the simulator only (--backend sim)")
-    workload, configs = exp.workload.build(), exp.replica_configs()
+    workload = exp.workload.build()
+    configs = [replace(c, macro_steps=macro_steps) for c in exp.replica_configs()]
     requests = exp.requests(workload)
     backends = [
         build_backend(exp.backend.name, replace(exp.backend_settings(c), testbed=exp.replica_testbed(i)))

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slora_vtc.backends.sim import sim_backend
+from slora_vtc.backends.sim import SimBackend, sim_backend
 from slora_vtc.cli import main
 from slora_vtc.cluster import RouterOptions, build_router
 from slora_vtc.cluster.serve import build_cluster
@@ -271,6 +271,20 @@ def test_macro_steps_end_at_the_routers_synchronisation():
     options = {"routers": 3, "sync_s": 0.5}
     macro = cluster_outcomes("global-vtc", "lcf", requests, False, options, **CHUNKED)
     assert macro == cluster_outcomes("global-vtc", "lcf", requests, True, options, **CHUNKED)
+
+
+def test_a_cluster_run_without_macro_steps_takes_single_steps_with_the_same_result(monkeypatch):
+    """run_experiment(macro_steps=False) reaches every replica (the macro-step check of
+    benchmarks/sim_speed.py compares cluster runs too): no replica times a run of decode steps."""
+    runs = Counter()
+    decode_run = SimBackend.decode_run
+    monkeypatch.setattr(SimBackend, "decode_run", lambda self, *a: (runs.update([1]), decode_run(self, *a))[1])
+    exp = Experiment.of(suite="overload", scheduler="vtc", replicas=3, router="global-vtc", load_scale=3, duration=30)
+    macro = run_experiment(exp)
+    assert runs[1] > 0
+    runs.clear()
+    single = run_experiment(exp, macro_steps=False)
+    assert runs[1] == 0 and single.to_json() == macro.to_json()
 
 
 class VTCThatCannotSay(VTC):
