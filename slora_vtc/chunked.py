@@ -82,45 +82,42 @@ class ChunkedBatching:
         # on a virtual clock nothing frees a block between steps (no abort comes in from outside), so an
         # order no step reads before the next one that may preempt need not be made (_schedule_running)
         self._lazy_order = isinstance(engine.clock, VirtualClock)
+        # behind a queue other engines pull from (a cluster replica under global VTC), each call would
+        # have to end at a step that admits or preempts, and at any other replica's next step: macro-steps
+        # then cost more than the single steps they stand for (benchmarks/README.md: the macro-step check)
         self._macro = (
-            self.config.macro_steps and engine.backend.decodes_ahead and isinstance(engine.clock, VirtualClock)
+            self.config.macro_steps
+            and engine.backend.decodes_ahead
+            and isinstance(engine.clock, VirtualClock)
+            and not engine.scheduler.traits.shared_queue
         )
-        self._shared_queue = engine.scheduler.traits.shared_queue
 
     # -- the engine's calls -----------------------------------------------------------------------
     def step(self, until: float | None, horizon: "Horizon | None" = None) -> bool:
         """Given `until` on a simulated backend, the steps up to it, single and macro alike, in one
         call: nothing from outside the engine changes anything before `until` (Engine.step). A
-        macro-step runs on past `until` to what `horizon` says it must stop at. Where other engines
-        pull from the scheduler's queue (`Traits.shared_queue`), a single step (which may admit or
-        preempt) only starts a call, and one that changed the queue ends it: the others see the
-        change at the time it happens, before this engine's next step (cluster/cluster.py)."""
+        macro-step runs on past `until` to what `horizon` says it must stop at."""
         if until is None or not self._macro or self.engine.step_log is not None:
-            return self._single_step() is not None
+            return self._single_step()
         clock, stepped = self.engine.clock, False
         while not stepped or clock.now() < until:  # at least one, as a single call would
             if self._event_next or not (alike := alike_steps(self)).steps:
-                if stepped and self._shared_queue:
-                    break  # it may change the queue others pull from: it starts the next call, at its time
-                if (plan := self._single_step()) is None:
+                if not self._single_step():
                     break
-                if self._shared_queue and (plan.started or plan.preempted):
-                    return True  # the others see the queue it changed before this engine's next step
             else:
                 self._event_next = decode_ahead(self, alike, until, horizon)
             stepped = True
         return stepped
 
-    def _single_step(self) -> Plan | None:
-        """One step of the rule: its plan, or None when it changed nothing."""
+    def _single_step(self) -> bool:
         self._event_next = False
         plan = self._schedule()
         if not plan:  # nothing to compute; a step that only preempted still changed something
-            return plan if plan.preempted else None
+            return plan.preempted > 0
         self._charge(plan)
         self._count_recomputed(plan)
         self._run(plan)
-        return plan
+        return True
 
     def forget(self, req: Request) -> None:
         """A request ended."""

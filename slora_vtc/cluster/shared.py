@@ -19,7 +19,8 @@ class SharedView(Delegating):
     among many replicas those macro-steps are a step or two long, and working the heads out for
     each cost more than the steps it saved. Arrivals reach it from the cluster, which other
     replicas' pulls change (`queues_behind`: False). Its traits say that its queue is shared
-    (`shared_queue`): what one replica admits or preempts, the others may pull."""
+    (`shared_queue`): what one replica admits or preempts, the others may pull (chunked batching then
+    takes single steps)."""
 
     def __init__(self, shared: Scheduler, index: int, on_admit: AdmitHook):
         super().__init__(shared)

@@ -34,7 +34,7 @@ class Traits:
     shareable: bool = False  # least counter first: several router instances can share and sync its counters
     lookahead: bool = False  # tells macro-steps what its next decode steps charge and select tries (LookAhead)
     defers: bool = False  # leaves the order to a scheduler downstream: a driver before one sends requests at once
-    shared_queue: bool = False  # other engines pull from its queue: an engine's step that changes it ends its call
+    shared_queue: bool = False  # other engines pull from its queue (a cluster replica's view of a shared scheduler)
 
 
 class Scheduler(ABC):
