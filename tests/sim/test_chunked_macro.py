@@ -1,7 +1,8 @@
 """Chunked batching's macro-steps (slora_vtc/chunked_macro.py) against single steps: on random small
 workloads (arrivals, token budgets, sequence caps, pool and block sizes, the prefix cache on and off,
-FCFS, VTC, LCF and RPM), every request ends exactly as single steps end it, and every counter too.
-The expected values come from single steps (EngineConfig.macro_steps off), the step rule itself.
+every kind of scheduler: FCFS, VTC, LCF, RPM, weighted VTC, DLPM, VTC with each length prediction),
+every request ends exactly as single steps end it, and every counter too. The expected values come
+from single steps (EngineConfig.macro_steps off), the step rule itself.
 """
 
 import copy
@@ -22,10 +23,10 @@ from tests.helpers.engine import config, make_engine, outcomes
 from tests.helpers.sched import FakeBudget
 from tests.helpers.workloads import arrivals
 
-SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
+SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30", "wvtc:1,2,1,3", "dlpm:600", "vtc-pred:0.5", "vtc-avg", "vtc-oracle"]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(
     requests=arrivals(),
     spec=st.sampled_from(SCHEDULERS),
@@ -37,7 +38,7 @@ SCHEDULERS = ["fcfs", "vtc", "lcf", "rpm:30"]
 )
 def test_macro_steps_end_every_request_as_single_steps_do(requests, spec, prefix_cache, pool, budget, max_seqs, block):
     cfg = dict(
-        batching="chunked", prefix_cache=prefix_cache, pool_tokens=pool, max_num_batched_tokens=budget,
+        clients="abcd", batching="chunked", prefix_cache=prefix_cache, pool_tokens=pool, max_num_batched_tokens=budget,
         max_num_seqs=max_seqs, block_size=block,
     )  # fmt: skip
     assert outcomes(requests, spec, macro_steps=True, **cfg) == outcomes(requests, spec, macro_steps=False, **cfg)

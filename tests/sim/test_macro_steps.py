@@ -69,10 +69,12 @@ def test_the_result_file_is_that_of_single_steps(suite, scheduler, settings):
     assert {r.status for r in macro.responses} <= {"finished", "rejected"}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(
     requests=arrivals(),
-    spec=st.sampled_from(["fcfs", "vtc", "lcf", "rpm:30", "wvtc:1,2,1,3"]),
+    spec=st.sampled_from(
+        ["fcfs", "vtc", "lcf", "rpm:30", "wvtc:1,2,1,3", "dlpm:600", "vtc-pred:0.5", "vtc-avg", "vtc-oracle"]
+    ),
     prefix_cache=st.booleans(),
     optimistic=st.booleans(),
     pool=st.integers(320, 4000),
