@@ -22,9 +22,12 @@ from slora_vtc.request import Request
 if TYPE_CHECKING:
     from slora_vtc.sched.vtc import VTC
 
-# integers up to here, and sums of two, are exact in a float: a whole counter c stays exact after
-# `added` more where c.is_integer() and abs(c) + added < EXACT_BELOW (checked inline: every step asks)
-EXACT_BELOW = 2.0**52
+EXACT_BELOW = 2.0**52  # integers up to here, and sums of two, are exact in a float
+
+
+def _exact(counter: float, added: int) -> bool:
+    """A whole counter that stays exact after `added` more."""
+    return counter.is_integer() and abs(counter) + added < EXACT_BELOW
 
 
 def _built_in(vtc: "VTC", method: str) -> bool:
@@ -74,8 +77,7 @@ def steady_rates(vtc: "VTC", running: list[Request], steps: int) -> dict[str, in
             rates[req.client] = rates.get(req.client, 0) + charge
     clients = vtc.clients
     for name, rate in rates.items():
-        counter = clients[name].counter
-        if not (counter.is_integer() and abs(counter) + rate * steps < EXACT_BELOW):
+        if not _exact(clients[name].counter, rate * steps):
             return None
     return rates
 
@@ -87,9 +89,8 @@ def charge_steps(vtc: "VTC", running: list[Request], steps: int) -> bool:
         return False
     for name, rate in rates.items():
         vtc.clients[name].counter += rate * steps
-    records = vtc.records
     for req in running:
-        records[req.rid].charged = req.generated + steps
+        vtc.records[req.rid].charged = req.generated + steps
     return True
 
 
@@ -117,10 +118,10 @@ def heads(vtc: "VTC", running: list[Request], steps: int) -> list[tuple[int, Req
         return None
     waiting = []
     for name, c in vtc.queued.items():
-        rate, counter = rates.get(name, 0), c.counter
-        if not (counter.is_integer() and abs(counter) + rate * steps < EXACT_BELOW):
+        rate = rates.get(name, 0)
+        if not _exact(c.counter, rate * steps):
             return None
-        waiting.append((int(counter), c.order, rate, c))
+        waiting.append((int(c.counter), c.order, rate, c))
     if not waiting:
         return None
     found, s = [], 0
