@@ -159,7 +159,7 @@ class Cluster:
 
     def _step(self, i: int, next_event: float | None, horizon: Horizon | None, on_step: StepHook | None) -> None:
         engine = self.engines[i]
-        waiting = engine.scheduler.num_waiting()
+        waiting = engine.scheduler.num_waiting() if self.router.pulls else 0  # the shared queue's, before
         if engine.step() if next_event is None else engine.step(next_event, horizon):
             if self.router.pulls and engine.scheduler.num_waiting() > waiting:
                 self._idle_tried.clear()  # it preempted: what heads the shared queue may fit elsewhere
