@@ -1,0 +1,144 @@
+"""Our engine's chunked batching against two lean implementations of the same step rule, and S-LoRA's
+loop: is issue 20's speed item (chunked batching at least as fast per simulated request as S-LoRA's
+loop; chunked_speed.py) out of reach of the rule itself, or of our engine's design?
+
+Both lean implementations simulate vLLM's step rule under FCFS without the prefix cache, with the
+simulator's step-time model, and nothing else (no scheduler interface, no memory manager, no
+request objects, no metrics but the times compared):
+
+- `lean`: LeanRule (lean_rule.py), our engine's design stripped: single steps that visit every
+  running request, macro-steps over the decode-only steps between events (O(running) per event);
+  `lean_single_steps` the same without macro-steps.
+- `event`: EventRule (event_rule.py), event-driven: a decoding request's counts are offsets from a
+  global tick, and what a tick needs of the decoding requests (who takes a block, who finishes
+  when, their context) is kept as they start and stop, so that a tick where nothing happens costs a
+  few additions and an event O(log running) or so.
+
+Each suite's run must give every request the finish time, the first token's time and the number
+of preemptions our engine gives it (checked, exit status 1 otherwise): all simulate the same
+steps. Then each is timed on the same prebuilt requests (our engine's `serve_requests`, the
+workload and the result file left out), repeats interleaved, medians.
+
+    .venv/bin/python benchmarks/chunked_lean.py               # 5 repeats
+    .venv/bin/python benchmarks/chunked_lean.py --repeats 3 --suites overload
+
+Results: benchmarks/results/chunked_lean.json (with the machine they ran on).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from event_rule import EventRule  # noqa: E402 (benchmarks/ is not a package)
+from lean_rule import LeanRule  # noqa: E402
+from machine import machine_info  # noqa: E402
+
+from slora_vtc.backends import build_backend  # noqa: E402
+from slora_vtc.backends.sim import load_testbed  # noqa: E402
+from slora_vtc.experiment import Experiment  # noqa: E402
+from slora_vtc.request import Request  # noqa: E402
+from slora_vtc.runner import serve_requests  # noqa: E402
+from slora_vtc.sched import build_scheduler  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "chunked_lean.json"
+SUITES = ("overload", "dist_shift", "real", "ablation_65k_256")
+LOOPS = ("slora", "chunked", "lean", "lean_single_steps", "event")
+
+
+def fresh(requests: list[Request]) -> list[Request]:
+    return [replace(r, output_ids=[], kv_slots=[], output_logprobs=[]) for r in requests]
+
+
+def engine_run(exp: Experiment, requests: list[Request]) -> float:
+    workload, config = exp.workload.build(), exp.engine_config()
+    backend = build_backend(exp.backend.name, exp.backend_settings(config))
+    scheduler = build_scheduler(exp.scheduling.scheduler, list(workload.clients), exp.scheduler_options())
+    start = time.perf_counter()
+    serve_requests(requests, scheduler, config, backend)
+    return time.perf_counter() - start
+
+
+def rule_run(make: Callable[[], LeanRule], requests: list[Request]) -> tuple[float, LeanRule]:
+    rule = make()
+    start = time.perf_counter()
+    rule.run(requests)
+    return time.perf_counter() - start, rule
+
+
+def outcome(rule: LeanRule, requests: list[Request]) -> dict[int, tuple]:
+    seqs = {s.rid: s for s in rule.seqs}
+    return {r.rid: (rule.ends.get(r.rid), seqs[r.rid].first_token, seqs[r.rid].preemptions) for r in requests}
+
+
+def measure(suite: str, repeats: int) -> dict:
+    exps = {b: Experiment.of(suite=suite, scheduler="fcfs", batching=b) for b in ("slora", "chunked")}
+    exp = exps["chunked"]
+    config, model = exp.engine_config(), load_testbed(exp.backend.testbed)
+    rules = {
+        "lean": lambda: LeanRule(config, model, macro=True),
+        "lean_single_steps": lambda: LeanRule(config, model, macro=False),
+        "event": lambda: EventRule(config, model),
+    }
+    requests = exp.requests(exp.workload.build())
+    ours = fresh(requests)
+    engine_run(exp, ours)
+    expected = {r.rid: (r.finish_time, r.first_token_time, r.preemptions) for r in ours}
+    events = {}
+    for name, make in rules.items():
+        _, rule = rule_run(make, fresh(requests))
+        got = outcome(rule, requests)
+        wrong = [rid for rid in expected if got[rid] != expected[rid]]
+        if wrong:
+            rid = wrong[0]
+            sys.exit(f"{suite}: {name} differs from our engine on {len(wrong)} requests, e.g. {rid}: {got[rid]}")
+        events[name] = {kind: n / len(requests) for kind, n in rule.events.items()}
+    runs = {
+        "slora": lambda: engine_run(exps["slora"], fresh(requests)),
+        "chunked": lambda: engine_run(exp, fresh(requests)),
+        **{name: (lambda make=make: rule_run(make, fresh(requests))[0]) for name, make in rules.items()},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in LOOPS}
+    for _ in range(repeats):
+        for name in LOOPS:
+            samples[name].append(runs[name]())
+    row = {
+        "suite": suite,
+        "scheduler": "fcfs",
+        "requests": len(requests),
+        "identical": True,
+        "events_per_request": events,
+    }
+    for name, values in samples.items():
+        row[f"{name}_ms_per_request"] = 1000 * statistics.median(values) / len(requests)
+        row[f"{name}_samples_s"] = [round(v, 4) for v in values]
+    for name in LOOPS[1:]:
+        row[f"{name}_over_slora"] = row[f"{name}_ms_per_request"] / row["slora_ms_per_request"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--suites", nargs="+", default=list(SUITES))
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    rows = []
+    print("ms per simulated request (times S-LoRA's loop's)")
+    for suite in args.suites:
+        rows.append(row := measure(suite, args.repeats))
+        cells = [f"slora {row['slora_ms_per_request']:.3f}"] + [
+            f"{name} {row[f'{name}_ms_per_request']:.3f} ({row[f'{name}_over_slora']:.2f})" for name in LOOPS[1:]
+        ]
+        print(f"{suite:18} " + "  ".join(cells))
+    Path(args.out).write_text(json.dumps({"machine": machine_info(), "repeats": args.repeats, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
