@@ -16,8 +16,10 @@ request objects, no metrics but the times compared):
 
 Each suite's run must give every request the finish time, the first token's time and the number
 of preemptions our engine gives it (checked, exit status 1 otherwise): all simulate the same
-steps. Then each is timed on the same prebuilt requests (our engine's `serve_requests`, the
-workload and the result file left out), repeats interleaved, medians.
+steps. The same check runs first on more suites and settings (`checked` in the results: token
+budgets, block sizes, sequence caps and pools), untimed. Then each is timed on the same prebuilt
+requests (our engine's `serve_requests`, the workload and the result file left out), repeats
+interleaved, medians.
 
     .venv/bin/python benchmarks/chunked_lean.py               # 5 repeats
     .venv/bin/python benchmarks/chunked_lean.py --repeats 3 --suites overload
@@ -50,6 +52,15 @@ from slora_vtc.sched import build_scheduler  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "chunked_lean.json"
 SUITES = ("overload", "dist_shift", "real", "ablation_65k_256")
 LOOPS = ("slora", "chunked", "lean", "lean_single_steps", "event")
+CHECKED_SUITES = ("overload", "real", "dist_shift", "on_off_overload", "poisson_short_long_2")
+CHECKED_SETTINGS = (  # budget, block size, sequence cap, pool (None: the suite's)
+    (2048, 16, 256, None),
+    (256, 16, 256, None),
+    (512, 4, 8, None),
+    (64, 1, 256, 3000),
+    (128, 8, 16, 40000),
+    (32, 32, 4, None),
+)
 
 
 def fresh(requests: list[Request]) -> list[Request]:
@@ -77,28 +88,52 @@ def outcome(rule: LeanRule, requests: list[Request]) -> dict[int, tuple]:
     return {r.rid: (rule.ends.get(r.rid), seqs[r.rid].first_token, seqs[r.rid].preemptions) for r in requests}
 
 
-def measure(suite: str, repeats: int) -> dict:
-    exps = {b: Experiment.of(suite=suite, scheduler="fcfs", batching=b) for b in ("slora", "chunked")}
-    exp = exps["chunked"]
+def lean_rules(exp: Experiment) -> dict[str, Callable[[], LeanRule]]:
     config, model = exp.engine_config(), load_testbed(exp.backend.testbed)
-    rules = {
+    return {
         "lean": lambda: LeanRule(config, model, macro=True),
         "lean_single_steps": lambda: LeanRule(config, model, macro=False),
         "event": lambda: EventRule(config, model),
     }
-    requests = exp.requests(exp.workload.build())
+
+
+def check(exp: Experiment, requests: list[Request], label: str) -> dict[str, dict[str, float]]:
+    """Each lean rule's outcome of every request against our engine's (exit 1 where one differs);
+    returns each rule's events per request."""
     ours = fresh(requests)
     engine_run(exp, ours)
     expected = {r.rid: (r.finish_time, r.first_token_time, r.preemptions) for r in ours}
     events = {}
-    for name, make in rules.items():
+    for name, make in lean_rules(exp).items():
         _, rule = rule_run(make, fresh(requests))
         got = outcome(rule, requests)
         wrong = [rid for rid in expected if got[rid] != expected[rid]]
         if wrong:
             rid = wrong[0]
-            sys.exit(f"{suite}: {name} differs from our engine on {len(wrong)} requests, e.g. {rid}: {got[rid]}")
+            sys.exit(f"{label}: {name} differs from our engine on {len(wrong)} requests, e.g. {rid}: {got[rid]}")
         events[name] = {kind: n / len(requests) for kind, n in rule.events.items()}
+    return events
+
+
+def check_settings() -> list[dict]:
+    """check() on more suites and settings: budgets, block sizes, sequence caps and pools."""
+    rows = []
+    for suite in CHECKED_SUITES:
+        for budget, block, seqs, pool in CHECKED_SETTINGS:
+            settings = dict(max_num_batched_tokens=budget, block_size=block, max_num_seqs=seqs)
+            settings.update({"pool_tokens": pool} if pool else {})
+            exp = Experiment.of(suite=suite, scheduler="fcfs", batching="chunked", **settings)
+            check(exp, exp.requests(exp.workload.build()), f"{suite} {settings}")
+            rows.append({"suite": suite, **settings, "identical": True})
+    return rows
+
+
+def measure(suite: str, repeats: int) -> dict:
+    exps = {b: Experiment.of(suite=suite, scheduler="fcfs", batching=b) for b in ("slora", "chunked")}
+    exp = exps["chunked"]
+    rules = lean_rules(exp)
+    requests = exp.requests(exp.workload.build())
+    events = check(exp, requests, suite)
     runs = {
         "slora": lambda: engine_run(exps["slora"], fresh(requests)),
         "chunked": lambda: engine_run(exp, fresh(requests)),
@@ -128,7 +163,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--suites", nargs="+", default=list(SUITES))
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--no-check", action="store_true", help="skip the check on more suites and settings")
     args = parser.parse_args()
+    checked = [] if args.no_check else check_settings()
+    print(f"{len(checked)} more runs: every request's outcome as our engine's")
     rows = []
     print("ms per simulated request (times S-LoRA's loop's)")
     for suite in args.suites:
@@ -137,7 +175,9 @@ def main() -> None:
             f"{name} {row[f'{name}_ms_per_request']:.3f} ({row[f'{name}_over_slora']:.2f})" for name in LOOPS[1:]
         ]
         print(f"{suite:18} " + "  ".join(cells))
-    Path(args.out).write_text(json.dumps({"machine": machine_info(), "repeats": args.repeats, "runs": rows}, indent=1))
+    results = {"machine": machine_info(), "repeats": args.repeats, "runs": rows}
+    results |= {"checked_runs": len(checked), "checked": checked}
+    Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ SOURCES = {
     "burst": "benchmarks/results/engine_burst.json",  # benchmarks/engine_burst.py
     "chunked": "benchmarks/results/chunked_speed.json",  # benchmarks/chunked_speed.py
     "chunked_before": "benchmarks/results/chunked_speed_before.json",  # the same, before this work (806015a)
+    "lean": "benchmarks/results/chunked_lean.json",  # benchmarks/chunked_lean.py
     "paper": "data/paper/reported.json",  # what the paper reports (typed from it, with sources)
     "dlpm": "data/paper/dlpm_reported.json",  # what the DLPM paper reports
 }
