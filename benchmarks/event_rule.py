@@ -35,6 +35,8 @@ from slora_vtc.sched.victims import may_preempt
 
 
 class EventRule(LeanRule):
+    """LeanRule's steps, with a decoding request's counts as offsets from the tick (module docstring)."""
+
     def __init__(self, config: EngineConfig, model: StepTimeModel):
         super().__init__(config, model, macro=True)
         self.tick = 0
@@ -124,6 +126,8 @@ class EventRule(LeanRule):
 
     # -- events -----------------------------------------------------------------------------------
     def event_tick(self) -> None:
+        """One tick where something happens: prompts' next chunks, blocks for the requests short of
+        one (preempting from the end of FCFS order), admissions, finishes."""
         config, bs, budget = self.config, self.config.block_size, self.config.max_num_batched_tokens
         n, short = len(self.order), self.by_phase[self.tick % bs]
         rest = [s.prompt + s.generated - s.computed for s in self.prefilling]
