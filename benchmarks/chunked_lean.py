@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from event_rule import EventRule  # noqa: E402 (benchmarks/ is not a package)
 from lean_rule import LeanRule  # noqa: E402
 from machine import machine_info  # noqa: E402
+from vtc_rule import VTCRule  # noqa: E402
 
 from slora_vtc.backends import build_backend  # noqa: E402
 from slora_vtc.backends.sim import load_testbed  # noqa: E402
@@ -51,7 +52,8 @@ from slora_vtc.sched import build_scheduler  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chunked_lean.json"
 SUITES = ("overload", "dist_shift", "real", "ablation_65k_256")
-LOOPS = ("slora", "chunked", "lean", "lean_single_steps", "event")
+SCHEDULERS = ("fcfs", "vtc")
+LOOPS = {"fcfs": ("slora", "chunked", "lean", "lean_single_steps", "event"), "vtc": ("slora", "chunked", "event")}
 CHECKED_SUITES = ("overload", "real", "dist_shift", "on_off_overload", "poisson_short_long_2")
 CHECKED_SETTINGS = (  # budget, block size, sequence cap, pool (None: the suite's)
     (2048, 16, 256, None),
@@ -89,7 +91,11 @@ def outcome(rule: LeanRule, requests: list[Request]) -> dict[int, tuple]:
 
 
 def lean_rules(exp: Experiment) -> dict[str, Callable[[], LeanRule]]:
+    """The lean rules of the experiment's scheduler: under VTC, only the event-driven one (vtc_rule.py)."""
     config, model = exp.engine_config(), load_testbed(exp.backend.testbed)
+    if exp.scheduling.scheduler == "vtc":
+        clients, options = list(exp.workload.build().clients), exp.scheduler_options()
+        return {"event": lambda: VTCRule(config, model, build_scheduler("vtc", clients, options))}
     return {
         "lean": lambda: LeanRule(config, model, macro=True),
         "lean_single_steps": lambda: LeanRule(config, model, macro=False),
@@ -118,18 +124,19 @@ def check(exp: Experiment, requests: list[Request], label: str) -> dict[str, dic
 def check_settings() -> list[dict]:
     """check() on more suites and settings: budgets, block sizes, sequence caps and pools."""
     rows = []
-    for suite in CHECKED_SUITES:
-        for budget, block, seqs, pool in CHECKED_SETTINGS:
-            settings = dict(max_num_batched_tokens=budget, block_size=block, max_num_seqs=seqs)
-            settings.update({"pool_tokens": pool} if pool else {})
-            exp = Experiment.of(suite=suite, scheduler="fcfs", batching="chunked", **settings)
-            check(exp, exp.requests(exp.workload.build()), f"{suite} {settings}")
-            rows.append({"suite": suite, **settings, "identical": True})
+    for scheduler in SCHEDULERS:
+        for suite in CHECKED_SUITES:
+            for budget, block, seqs, pool in CHECKED_SETTINGS:
+                settings = dict(max_num_batched_tokens=budget, block_size=block, max_num_seqs=seqs)
+                settings.update({"pool_tokens": pool} if pool else {})
+                exp = Experiment.of(suite=suite, scheduler=scheduler, batching="chunked", **settings)
+                check(exp, exp.requests(exp.workload.build()), f"{suite}/{scheduler} {settings}")
+                rows.append({"suite": suite, "scheduler": scheduler, **settings, "identical": True})
     return rows
 
 
-def measure(suite: str, repeats: int) -> dict:
-    exps = {b: Experiment.of(suite=suite, scheduler="fcfs", batching=b) for b in ("slora", "chunked")}
+def measure(suite: str, scheduler: str, repeats: int) -> dict:
+    exps = {b: Experiment.of(suite=suite, scheduler=scheduler, batching=b) for b in ("slora", "chunked")}
     exp = exps["chunked"]
     rules = lean_rules(exp)
     requests = exp.requests(exp.workload.build())
@@ -139,13 +146,14 @@ def measure(suite: str, repeats: int) -> dict:
         "chunked": lambda: engine_run(exp, fresh(requests)),
         **{name: (lambda make=make: rule_run(make, fresh(requests))[0]) for name, make in rules.items()},
     }
-    samples: dict[str, list[float]] = {name: [] for name in LOOPS}
+    loops = LOOPS[scheduler]
+    samples: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(repeats):
-        for name in LOOPS:
+        for name in loops:
             samples[name].append(runs[name]())
     row = {
         "suite": suite,
-        "scheduler": "fcfs",
+        "scheduler": scheduler,
         "requests": len(requests),
         "identical": True,
         "events_per_request": events,
@@ -153,7 +161,7 @@ def measure(suite: str, repeats: int) -> dict:
     for name, values in samples.items():
         row[f"{name}_ms_per_request"] = 1000 * statistics.median(values) / len(requests)
         row[f"{name}_samples_s"] = [round(v, 4) for v in values]
-    for name in LOOPS[1:]:
+    for name in loops[1:]:
         row[f"{name}_over_slora"] = row[f"{name}_ms_per_request"] / row["slora_ms_per_request"]
     return row
 
@@ -169,12 +177,14 @@ def main() -> None:
     print(f"{len(checked)} more runs: every request's outcome as our engine's")
     rows = []
     print("ms per simulated request (times S-LoRA's loop's)")
-    for suite in args.suites:
-        rows.append(row := measure(suite, args.repeats))
-        cells = [f"slora {row['slora_ms_per_request']:.3f}"] + [
-            f"{name} {row[f'{name}_ms_per_request']:.3f} ({row[f'{name}_over_slora']:.2f})" for name in LOOPS[1:]
-        ]
-        print(f"{suite:18} " + "  ".join(cells))
+    for scheduler in SCHEDULERS:
+        for suite in args.suites:
+            rows.append(row := measure(suite, scheduler, args.repeats))
+            cells = [f"slora {row['slora_ms_per_request']:.3f}"] + [
+                f"{name} {row[f'{name}_ms_per_request']:.3f} ({row[f'{name}_over_slora']:.2f})"
+                for name in LOOPS[scheduler][1:]
+            ]
+            print(f"{suite + '/' + scheduler:22} " + "  ".join(cells))
     results = {"machine": machine_info(), "repeats": args.repeats, "runs": rows}
     results |= {"checked_runs": len(checked), "checked": checked}
     Path(args.out).write_text(json.dumps(results, indent=1))

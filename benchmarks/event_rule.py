@@ -57,7 +57,7 @@ class EventRule(LeanRule):
             arrival = pending[nxt].arrival if nxt < len(pending) else float("inf")
             if not (self.order or self.prefilling or self.waiting):
                 self.now = arrival
-            elif self.prefilling or not self.quiet_run(arrival):
+            elif self.prefilling or not self.quiet_run(pending, nxt):
                 self.event_tick()
         return self.ends
 
@@ -93,21 +93,28 @@ class EventRule(LeanRule):
         return finishes[0][0] if finishes else float("inf")
 
     # -- quiet ticks ------------------------------------------------------------------------------
-    def quiet_run(self, arrival: float) -> bool:
+    def quiet_run(self, pending: list[Seq], nxt: int) -> bool:
         """The ticks from now in which the decoding requests only decode (no finish, no block short,
-        nobody admitted, and with nobody waiting, up to the first tick ending at or after the next
-        arrival), at once; False if there are none."""
+        nobody admitted, up to the first tick ending at or after an arrival that could change that:
+        `_stops_at`), at once; False if there are none. pending[nxt:] have not arrived yet."""
         config, bs, n = self.config, self.config.block_size, len(self.order)
         if not n or n > config.max_num_batched_tokens:
             return False
+        last = self._first_finish()
+        if last == self.tick or len(self.by_phase[self.tick % bs]) * bs > self.free:
+            return False  # its first tick is an event
         admits = n < config.max_num_batched_tokens and n < config.max_num_seqs and self.free >= bs
-        head_cost = self._admission_cost(self.waiting.head()) if admits and self.waiting else None
-        until = arrival if admits and not self.waiting else float("inf")
+        heads = self._head_costs(last - self.tick) if admits and self.waiting else [(0, None)]
+        head, head_cost = 0, heads[0][1]  # heads: (first tick from now, the head's admission cost)
+        until = pending[nxt].arrival if nxt < len(pending) else float("inf")  # the next arrival to look at
         d, e, f = self.model.decode_coef
         fixed, overhead = d + e * max(0, n - self.model.decode_knee), self.model.overhead_s
         by_phase, free, tick, context, now = self.by_phase, self.free, self.tick, self.context, self.now
-        last, need = self._first_finish(), 0
-        while tick < last and now < until:
+        need = 0
+        while tick < last:
+            while head + 1 < len(heads) and heads[head + 1][0] <= tick - self.tick:
+                head += 1
+                head_cost = heads[head][1]
             need = len(by_phase[tick % bs]) * bs
             if need > free or (head_cost is not None and head_cost <= free - need):
                 break
@@ -115,10 +122,17 @@ class EventRule(LeanRule):
             now += fixed + f * context + overhead  # SimBackend.decode_run's sums, in its order
             context += n
             tick += 1
+            if now >= until:  # arrivals by now: is one to stop at?
+                while nxt < len(pending) and pending[nxt].arrival <= now and not self._stops_at(pending[nxt], admits):
+                    nxt += 1
+                if nxt < len(pending) and pending[nxt].arrival <= now:
+                    break
+                until = pending[nxt].arrival if nxt < len(pending) else float("inf")
         if tick == self.tick:
             return False
+        last_tick = tick - 1
         if n > 1 and may_preempt((free + need) // bs, config.max_num_batched_tokens, bs, n):
-            self.sorted_below = self.admissions  # its last tick sorted the running list
+            self._sorted(last_tick)  # its last tick sorted the running list
         self.events["macro"] += 1
         self.events["steps"] += tick - self.tick
         self.free, self.tick, self.context, self.now = free, tick, context, now
@@ -134,22 +148,24 @@ class EventRule(LeanRule):
         slots = [config.round_up(s.computed + r) - s.held for s, r in zip(self.prefilling, rest)]
         if n + sum(rest) > budget or (self.prefilling and len(short) * bs + sum(slots) > self.free):
             return self.explicit_tick()  # the running list's order decides who is served
+        self._sync()
         running = n + len(self.prefilling)
         if running > 1 and may_preempt(self.free // bs, budget, bs, running):
-            self.sorted_below = self.admissions
+            self._sorted(self.tick)
         chunks = []
         for s, r, grown in zip(self.prefilling, rest, slots):
             s.held += grown
             chunks.append((s, s.computed, r))
             s.computed += r
         self.free -= sum(slots)
-        preempted = self._grow_short(list(short))
+        preempted = self._grow_short(short)
         decodes = len(self.order)
         if not preempted:
             chunks += self._admit(budget - decodes - sum(rest), decodes + len(self.prefilling))
         if not chunks and not decodes:
             return  # every running request was preempted: no forward pass
         tokens, pairs = sum(c for _, _, c in chunks), sum(c * start for _, start, c in chunks)
+        self._charge_event(chunks)
         self._advance(self.model.mixed_time(tokens, pairs, decodes, self.context))
         self.events["single"] += 1
         self.events["steps"] += 1
@@ -173,11 +189,11 @@ class EventRule(LeanRule):
             self.free -= len(short) * bs
             return False
         preempted = False
-        for s in short:
+        for s in self._serve_order(short):
             if s.t0 is None:  # preempted for one before it
                 continue
             while bs > self.free:
-                victim = self.order[-1]
+                victim = self._victim()
                 self._stop_decoding(victim)
                 self._preempt(victim)
                 preempted = True
@@ -191,11 +207,11 @@ class EventRule(LeanRule):
         while self._first_finish() < self.tick:
             s = heapq.heappop(self.finishes)[2]
             self._stop_decoding(s)
-            self._drop(s)
-            self.ends[s.rid] = self.now
+            self._finished(s)
 
     def explicit_tick(self) -> None:
         """The lean rule's explicit step on the running list in the engine's order, then back to offsets."""
+        self._sync()
         decoding = list(self.order)
         for s in decoding:
             self._stop_decoding(s)
@@ -205,7 +221,7 @@ class EventRule(LeanRule):
         if len(self.running) > 1 and may_preempt(
             self.free // bs, self.config.max_num_batched_tokens, bs, len(self.running)
         ):
-            self.sorted_below = self.admissions
+            self._sorted(self.tick)
         steps = self.events["steps"]
         self.single_step()
         self.tick += self.events["steps"] - steps
@@ -215,6 +231,33 @@ class EventRule(LeanRule):
             else:
                 self._start_decoding(s)
         self.running = []
+
+    # -- what the scheduler decides (FCFS here; benchmarks/vtc_rule.py: VTC) ---------------------
+    def _head_costs(self, ticks: int) -> list[tuple[int, int]]:
+        """What the waiting pass's head would take in each of the next `ticks` quiet ticks, as
+        (first tick from now, cost) pairs: FCFS's head does not change."""
+        return [(0, self._admission_cost(self.waiting.head()))]
+
+    def _stops_at(self, arriving: Seq, admits: bool) -> bool:
+        """Whether a quiet run must end at this arrival (it could be admitted)."""
+        return admits and not self.waiting
+
+    def _sync(self) -> None:
+        """Before an event's decisions: what the ticks since the last event charged (FCFS: nothing)."""
+
+    def _sorted(self, tick: int) -> None:
+        """The running list was sorted victims last at `tick`."""
+        self.sorted_below = self.admissions
+
+    def _serve_order(self, short: list[Seq]) -> list[Seq]:
+        """The decoding requests short of a block, in the running list's order (sorted victims last)."""
+        return list(short)
+
+    def _victim(self) -> Seq:
+        return self.order[-1]
+
+    def _charge_event(self, chunks: list[tuple[Seq, int, int]]) -> None:
+        """An event tick's charges, after its scheduling (FCFS: none)."""
 
     def _list_position(self, s: Seq) -> tuple:
         return (0, s.arrival, s.rid) if s.admitted < self.sorted_below else (1, s.admitted, 0)

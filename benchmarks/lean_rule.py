@@ -24,11 +24,12 @@ class Seq:
 
     __slots__ = (
         "arrival", "rid", "adapter", "prompt", "out", "generated", "computed", "held", "prefilling",
-        "first_token", "preemptions", "t0", "block_phase", "admitted",
+        "first_token", "preemptions", "t0", "block_phase", "admitted", "req", "client",
     )  # fmt: skip
 
     def __init__(self, req: Request):
         self.arrival, self.rid, self.adapter = req.arrival, req.rid, req.adapter
+        self.req, self.client = req, req.client  # vtc_rule.py hands the request to our VTC
         self.prompt, self.out = req.prompt_len, req.max_new_tokens
         self.generated = self.computed = self.held = 0  # tokens made; positions with K/V; slots held
         self.prefilling = True
@@ -103,7 +104,7 @@ class LeanRule:
         if len(self.running) > 1 and may_preempt(
             self.free // config.block_size, budget, config.block_size, len(self.running)
         ):
-            self.running.sort(key=Seq.key)  # FCFS's victims (the latest arrivals) last
+            self._order_victims_last()
         chunks, decodes, budget, preempted = self._running_pass(budget)
         if not preempted:
             new = self._admit(budget, len(self.running))
@@ -114,6 +115,7 @@ class LeanRule:
         tokens = sum(n for _, _, n in chunks)
         pairs = sum(n * start for _, start, n in chunks)
         context = sum(s.prompt + s.generated for s in decodes)
+        self._charge(chunks, decodes)
         self._advance(self.model.mixed_time(tokens, pairs, len(decodes), context))
         self.events["single"] += 1
         self.events["steps"] += 1
@@ -253,6 +255,17 @@ class LeanRule:
         if s.first_token is None:
             s.first_token = self.now
 
+    # -- what the scheduler decides (FCFS here; benchmarks/vtc_rule.py: VTC) ---------------------
+    def _order_victims_last(self) -> None:
+        self.running.sort(key=Seq.key)  # FCFS's victims (the latest arrivals) last
+
+    def _charge(self, chunks: list[tuple[Seq, int, int]], decodes: list[Seq]) -> None:
+        """A step's charges, after its scheduling: FCFS charges nothing."""
+
+    def _finished(self, s: Seq) -> None:
+        self._drop(s)
+        self.ends[s.rid] = self.now
+
     def _preempt(self, s: Seq) -> None:
         s.preemptions += 1
         self._drop(s)
@@ -263,6 +276,5 @@ class LeanRule:
         if min([s.out - s.generated for s in self.running], default=1) > 0:
             return
         for s in [s for s in self.running if s.generated >= s.out]:
-            self._drop(s)
-            self.ends[s.rid] = self.now
+            self._finished(s)
         self.running = [s for s in self.running if s.generated < s.out]
