@@ -1,28 +1,29 @@
-"""Our engine's chunked batching against two lean implementations of the same step rule, and S-LoRA's
+"""Our engine's chunked batching against lean implementations of the same step rule, and S-LoRA's
 loop: is issue 20's speed item (chunked batching at least as fast per simulated request as S-LoRA's
 loop; chunked_speed.py) out of reach of the rule itself, or of our engine's design?
 
-Both lean implementations simulate vLLM's step rule under FCFS without the prefix cache, with the
-simulator's step-time model, and nothing else (no scheduler interface, no memory manager, no
-request objects, no metrics but the times compared):
+The lean implementations simulate vLLM's step rule without the prefix cache, with the simulator's
+step-time model, and nothing else (no memory manager, no request objects, no metrics but the times
+compared):
 
-- `lean`: LeanRule (lean_rule.py), our engine's design stripped: single steps that visit every
+- `lean`: LeanRule (lean_rule.py, FCFS), our engine's design stripped: single steps that visit every
   running request, macro-steps over the decode-only steps between events (O(running) per event);
   `lean_single_steps` the same without macro-steps.
-- `event`: EventRule (event_rule.py), event-driven: a decoding request's counts are offsets from a
-  global tick, and what a tick needs of the decoding requests (who takes a block, who finishes
-  when, their context) is kept as they start and stop, so that a tick where nothing happens costs a
-  few additions and an event O(log running) or so.
+- `event`: EventRule (event_rule.py, FCFS), event-driven: a decoding request's counts are offsets
+  from a global tick, and what a tick needs of the decoding requests (who takes a block, who
+  finishes when, their context) is kept as they start and stop, so that a tick where nothing
+  happens costs a few additions and an event O(log running) or so. Under VTC, VTCRule
+  (vtc_rule.py): our VTC scheduler decides, decode charges are kept per client between events.
 
 Each suite's run must give every request the finish time, the first token's time and the number
 of preemptions our engine gives it (checked, exit status 1 otherwise): all simulate the same
-steps. The same check runs first on more suites and settings (`checked` in the results: token
-budgets, block sizes, sequence caps and pools), untimed. Then each is timed on the same prebuilt
-requests (our engine's `serve_requests`, the workload and the result file left out), repeats
-interleaved, medians.
+steps. The same check runs first on more suites and settings (`checked` in the results: both
+schedulers, token budgets, block sizes, sequence caps and pools), untimed. Then each is timed on
+the same prebuilt requests (our engine's `serve_requests`, the workload and the result file left
+out), repeats interleaved, medians.
 
-    .venv/bin/python benchmarks/chunked_lean.py               # 5 repeats
-    .venv/bin/python benchmarks/chunked_lean.py --repeats 3 --suites overload
+    .venv/bin/python benchmarks/chunked_lean.py               # 5 repeats, about 4 minutes
+    .venv/bin/python benchmarks/chunked_lean.py --repeats 3 --suites overload --no-check
 
 Results: benchmarks/results/chunked_lean.json (with the machine they ran on).
 """
