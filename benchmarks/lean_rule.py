@@ -96,7 +96,11 @@ class LeanRule:
         if config.round_up(s.prompt + s.out - 1) + config.slots_of(s.adapter) > config.pool_tokens:
             self.ends[s.rid] = self.now  # rejected: it can never fit the pool (memory/admission.py's fits_alone)
         else:
-            self.waiting.push(s)
+            self._arrive(s)
+
+    def _arrive(self, s: Seq) -> None:
+        """An arrival the pool could hold joins the waiting requests."""
+        self.waiting.push(s)
 
     # -- single steps: vLLM's rule ----------------------------------------------------------------
     def single_step(self) -> bool:

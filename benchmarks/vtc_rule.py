@@ -49,6 +49,8 @@ class SchedulerQueue:
 
 
 class VTCRule(EventRule):
+    """EventRule's ticks with our VTC deciding and decode charges kept per client (module docstring)."""
+
     def __init__(self, config: EngineConfig, model: StepTimeModel, vtc: VTC):
         super().__init__(config, model)
         self.vtc, self.w_q = vtc, vtc.decode_token_charge
@@ -63,11 +65,10 @@ class VTCRule(EventRule):
 
     # -- arrivals and ends --------------------------------------------------------------------------
     def _add(self, s: Seq) -> None:
-        self._sync()
-        config = self.config
-        if config.round_up(s.prompt + s.out - 1) + config.slots_of(s.adapter) > config.pool_tokens:
-            self.ends[s.rid] = self.now
-            return
+        self._sync()  # a lift reads the counters of its time
+        super()._add(s)
+
+    def _arrive(self, s: Seq) -> None:
         self.seqs_by_rid[s.rid] = s
         self.vtc.on_arrival(s.req, self.now)
 
