@@ -128,9 +128,12 @@ class VTCRule(EventRule):
         self.synced = self.tick + 1
 
     # -- the order VTC sorts the running list in ------------------------------------------------------
+    def _victims_last_key(self, s: Seq) -> tuple[float, float, int]:
+        """VTC's victim order reversed, by today's counters: the smallest counter, the earliest arrival first."""
+        return self.vtc.clients[s.client].counter, s.arrival, s.rid
+
     def _order_victims_last(self) -> None:
-        counters = self.vtc.clients
-        self.running.sort(key=lambda s: (counters[s.client].counter, s.arrival, s.rid))
+        self.running.sort(key=self._victims_last_key)
 
     def _sorted(self, tick: int) -> None:
         super()._sorted(tick)
@@ -145,8 +148,7 @@ class VTCRule(EventRule):
         return 1, s.admitted, 0, 0
 
     def _serve_order(self, short: list[Seq]) -> list[Seq]:
-        clients = self.vtc.clients
-        return sorted(short, key=lambda s: (clients[s.client].counter, s.arrival, s.rid))
+        return sorted(short, key=self._victims_last_key)
 
     def _victim(self) -> Seq:
         clients = self.vtc.clients
