@@ -11,6 +11,11 @@ ADMISSIONS = ("conservative", "optimistic")  # S-LoRA's worst-case reservation; 
 BATCHINGS = ("slora", "chunked")  # S-LoRA's separate prefill and decode passes; vLLM's chunked prefill
 
 
+def flag(field: str) -> str:
+    """The command-line option that sets an EngineConfig field (`run`, `replay` and `serve` spell them alike)."""
+    return "--" + field.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the continuous-batching loop and its admission check behave (docs/design.md, "The engine loop")."""
@@ -32,7 +37,7 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.pool_tokens <= 0:
-            raise UserError(f"pool_tokens must be positive, got {self.pool_tokens}")
+            raise UserError(f"--pool-tokens must be positive, got {self.pool_tokens}")
         if self.max_wait_steps < 0 or self.max_running <= 0 or self.lora_rank < 0:
             raise UserError("max_wait_steps >= 0, max_running > 0 and lora_rank >= 0 are required")
         if self.admission not in ADMISSIONS:
@@ -43,18 +48,18 @@ class EngineConfig:
 
     def _check_batching(self) -> None:
         if self.batching not in BATCHINGS:
-            raise UserError(f"unknown batching '{self.batching}' (known: {', '.join(BATCHINGS)})")
+            raise UserError(f"unknown --batching '{self.batching}' (known: {', '.join(BATCHINGS)})")
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+                raise UserError(f"{flag(name)} must be positive, got {getattr(self, name)}")
         if self.max_num_batched_tokens < self.block_size:
             raise UserError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than a block "
-                f"(block_size {self.block_size})"
+                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than a block "
+                f"(--block-size {self.block_size})"
             )
         if self.batching == "chunked" and self.pool_tokens < self.block_size:
             raise UserError(
-                f"a pool of {self.pool_tokens} tokens is smaller than a block (block_size {self.block_size})"
+                f"a pool of {self.pool_tokens} tokens is smaller than a block (--block-size {self.block_size})"
             )
 
     @property

@@ -50,6 +50,6 @@ def test_chunked_batching_serves_the_tokens_of_the_slora_loop():
 
 
 def test_a_budget_smaller_than_a_block_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"max_num_batched_tokens \(8\) is smaller than a block"):
+    with pytest.raises(UserError, match=r"--max-num-batched-tokens \(8\) is smaller than a block"):
         with running_server(batching="chunked", max_num_batched_tokens=8, block_size=16):
             pass

@@ -285,12 +285,12 @@ def test_a_scheduler_that_cannot_refund_a_chunk_is_refused():
 @pytest.mark.parametrize(
     "settings,message",
     [
-        ({"batching": "paged"}, "unknown batching 'paged' (known: slora, chunked)"),
-        ({"max_num_batched_tokens": 8}, "max_num_batched_tokens (8) is smaller than a block (block_size 16)"),
-        ({"max_num_seqs": 0}, "max_num_seqs must be positive, got 0"),
-        ({"block_size": -1}, "block_size must be positive, got -1"),
-        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be positive, got 0"),
-        ({"batching": "chunked", "pool_tokens": 8}, "a pool of 8 tokens is smaller than a block (block_size 16)"),
+        ({"batching": "paged"}, "unknown --batching 'paged' (known: slora, chunked)"),
+        ({"max_num_batched_tokens": 8}, "--max-num-batched-tokens (8) is smaller than a block (--block-size 16)"),
+        ({"max_num_seqs": 0}, "--max-num-seqs must be positive, got 0"),
+        ({"block_size": -1}, "--block-size must be positive, got -1"),
+        ({"max_num_batched_tokens": 0}, "--max-num-batched-tokens must be positive, got 0"),
+        ({"batching": "chunked", "pool_tokens": 8}, "a pool of 8 tokens is smaller than a block (--block-size 16)"),
     ],
 )
 def test_bad_engine_settings_are_one_line(settings, message):
@@ -314,10 +314,10 @@ CHUNKED = ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10
 @pytest.mark.parametrize(
     "extra,parts",
     [
-        (["--max-num-batched-tokens", "8"], ["max_num_batched_tokens (8) is smaller than a block (block_size 16)"]),
-        (["--max-num-batched-tokens", "32", "--block-size", "64"], ["smaller than a block (block_size 64)"]),
-        (["--max-num-seqs", "0"], ["max_num_seqs must be positive, got 0"]),
-        (["--block-size", "0"], ["block_size must be positive, got 0"]),
+        (["--max-num-batched-tokens", "8"], ["--max-num-batched-tokens (8) is smaller than a block (--block-size 16)"]),
+        (["--max-num-batched-tokens", "32", "--block-size", "64"], ["smaller than a block (--block-size 64)"]),
+        (["--max-num-seqs", "0"], ["--max-num-seqs must be positive, got 0"]),
+        (["--block-size", "0"], ["--block-size must be positive, got 0"]),
         (["--pool-tokens", "300"], ["cannot hold a single request"]),
         (["--replicas", "2", "--step-log", "STEPS"], ["--step-log", "--replicas"]),
     ],
