@@ -6,8 +6,8 @@ queue) hands requests in (`on_arrival`), asks which to admit (`peek` then `pop`,
 is that loop under an admission budget), takes one back out (`remove`, `drain`), and reports the
 service as it is delivered (`on_prefill`, `on_decode_step`, `on_finish`, `on_abort`, `on_preempt`).
 Each service event returns what it charged (counter units; negative: a refund), so that no driver
-reads counters before and after a call. docs/design.md ("Schedulers and their drivers") lists which
-calls each driver makes.
+reads counters before and after a call. docs/design.md ("Schedulers", its table of drivers) lists
+which calls each driver makes.
 
 What a scheduler needs from its driver and offers beyond the core, it declares in `traits`:
 the counters of `sched/ledger.py` (`Ledger`), the macro-step look-ahead of `sched/lookahead.py`
