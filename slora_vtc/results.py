@@ -1,6 +1,7 @@
 """Result files (docs/design.md, "Result files"): one JSON line per run, also readable from the artifact's files."""
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,6 +118,15 @@ def client_sort_key(name: str) -> tuple:
     stem = name.rstrip("0123456789")
     digits = name[len(stem) :]
     return (stem, int(digits) if digits else -1)
+
+
+def check_writable(path: Path) -> None:
+    """Fail before a run, in one line, where its result file could not be written once it ends."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder; --out takes a result file")
+    existing = next(p for p in path.parents if p.exists())  # write_results creates the folders below it
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise UserError(f"{path}: cannot write a result file there ({existing} is not a folder one can write in)")
 
 
 def write_results(path: str | Path, results: list[RunResult], append: bool = False) -> None:

@@ -14,6 +14,7 @@ preempted in the step; `arrived`: requests the engine took in since the step bef
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
@@ -39,6 +40,7 @@ class StepRecord:
 
 
 FIELDS = tuple(f.name for f in fields(StepRecord))
+COUNTS = frozenset(f.name for f in fields(StepRecord) if f.type is int)  # the others are seconds
 OPTIONAL = ("preempted", "arrived")  # logs written before these fields were added lack them
 
 
@@ -93,6 +95,10 @@ def _record(path, number: int, line: str) -> StepRecord:
 
 
 def _number(name: str, value) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise ValueError(f"field '{name}' must be a number >= 0, got {value!r}")
+    if name in COUNTS:
+        if value != int(value):
+            raise ValueError(f"field '{name}' counts tokens, requests or steps: a whole number, got {value!r}")
+        return int(value)
     return value

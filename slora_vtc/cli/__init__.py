@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         # the reader went away (`slora-vtc list | head -2`): not an error; keep Python quiet at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file a command reads or writes: a folder in its place, no such folder, no permission
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"slora-vtc: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("slora-vtc: interrupted", file=sys.stderr)
         return 130

@@ -12,7 +12,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.experiment import COSTS, Experiment, default_settings
 from slora_vtc.memory import fits_alone
 from slora_vtc.model.spec import resolve_spec
-from slora_vtc.results import RunResult, write_results
+from slora_vtc.results import RunResult, check_writable, write_results
 from slora_vtc.runner import router_options, run_experiment
 from slora_vtc.sched import SCHEDULERS, Lift, build_scheduler, split_specs
 from slora_vtc.suites import SUITES, get_suite
@@ -430,8 +430,9 @@ def report(results: list[RunResult], out: Path | None) -> int:
 
 def cmd_run(args) -> int:
     exp = experiment(args, args.scheduler)
-    result = run_experiment(exp, progress=True, step_log=args.step_log)
-    return report([result], Path(args.out) if args.out else Path("results") / result_name(exp))
+    out = Path(args.out) if args.out else Path("results") / result_name(exp)
+    check_writable(out)
+    return report([run_experiment(exp, progress=True, step_log=args.step_log)], out)
 
 
 def cmd_replay(args) -> int:
@@ -450,8 +451,10 @@ def cmd_compare(args) -> int:
     if not schedulers:
         raise UserError("--schedulers needs at least one scheduler")
     experiments = [experiment(args, s) for s in schedulers]
-    results = [run_experiment(exp, progress=True) for exp in experiments]
-    return report(results, Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_writable(out)
+    return report([run_experiment(exp, progress=True) for exp in experiments], out)
 
 
 def cmd_list(args) -> int:

@@ -3,6 +3,7 @@ synthetic log made from known coefficients, with noise), the testbed it writes i
 simulated with, and bad logs are one line and exit status 2."""
 
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -191,12 +192,24 @@ def record_line(step: int, **changes) -> str:
         ([record_line(0), record_line(1), "{not json", record_line(3)], ["steps.jsonl:3:", "not JSON"]),
         ([record_line(0), json.dumps({"step": 1, "t": 0.0})], ["steps.jsonl:2:", "missing field 'wall_s'"]),
         ([record_line(0, wall_s=-1.0)], ["steps.jsonl:1:", "'wall_s'", "-1.0"]),
+        ([record_line(0), record_line(1, wall_s=math.inf)], ["steps.jsonl:2:", "'wall_s'", "inf"]),
+        ([record_line(0), record_line(1, decode_reqs=1.5)], ["steps.jsonl:2:", "'decode_reqs'", "whole number", "1.5"]),
         ([record_line(k, prefill_tokens=64 * (k % 2)) for k in range(12)], ["too few steps to fit", "12 steps"]),
         ([record_line(k) for k in range(80)], ["too few steps to fit", "80 steps", "0 with a prefill"]),
         ([], ["steps.jsonl", "empty"]),
         (["", "  "], ["steps.jsonl", "empty"]),
     ],
-    ids=["not-json", "missing-field", "negative", "too-few", "no-prefill", "empty", "blank"],
+    ids=[
+        "not-json",
+        "missing-field",
+        "negative",
+        "infinite",
+        "fractional-count",
+        "too-few",
+        "no-prefill",
+        "empty",
+        "blank",
+    ],
 )
 def test_a_bad_step_log_is_one_line_and_exit_2(tmp_path, capsys, lines, parts):
     log = tmp_path / "steps.jsonl"

@@ -294,3 +294,34 @@ def test_a_prefix_cache_run_records_its_cached_tokens(capsys, tmp_path):
     # 16 questions per document: all but the first of each reuse it (and every prompt shares its client's BOS)
     assert sum(r.cached_tokens > 0 for r in finished) > len(finished) / 2
     assert all(r.status in ("finished", "aborted") for r in result.responses)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--out", "FOLDER"], "is a folder; --out takes a result file"),
+        (["run", "--out", "FILE/r.jsonl"], "cannot write a result file there (FILE is not a folder"),
+        (["compare", "--out", "FOLDER"], "is a folder; --out takes a result file"),
+    ],
+)
+def test_a_result_file_that_cannot_be_written_fails_before_the_run(capsys, tmp_path, monkeypatch, argv, message):
+    """Checked before the run, which could take hours, not after it: one line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FOLDER").mkdir()
+    (tmp_path / "FILE").write_text("")
+    command, flags = argv[0], argv[1:]
+    schedulers = ["--scheduler", "vtc"] if command == "run" else ["--schedulers", "vtc", "fcfs"]
+    ran = []
+    monkeypatch.setattr("slora_vtc.cli.experiments.run_experiment", lambda *a, **k: ran.append(a))
+    code, _, err = run_cli(capsys, command, "--suite", "overload", *schedulers, "--duration", "5", *flags)
+    assert_one_line_error(code, err, message)
+    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["FILE", "FOLDER"]
+
+
+def test_any_output_that_cannot_be_written_is_one_line(capsys, tmp_path):
+    """Where a command finds out only as it writes (here `figures --out` on a file): the file and the
+    system's reason in one line, exit 2."""
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    code, _, err = run_cli(capsys, "figures", "--out", taken)
+    assert_one_line_error(code, err, str(taken), "File exists")
