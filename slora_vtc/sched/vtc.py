@@ -130,6 +130,9 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
                 order, self._registered = self._registered, self._registered + 1
             c = Client(order, self.idle.returning_counter(name), self.weights.get(name, 1.0), queue=deque())
             self.clients[name] = c
+            if name == self.idle.left_name:  # the last to leave the queue is back: the floor follows it again
+                self.last_left = name
+                self.idle.left_again()
         return c
 
     def _charge(self, name: str, service: float) -> float:
@@ -187,7 +190,8 @@ class VTC(Preemption, Scheduler, Ledger, LookAhead):
         c.queue.popleft()
         self._waiting -= 1
         if not c.queue:
-            self.last_left, self.idle.left_counter = req.client, None
+            self.last_left = req.client
+            self.idle.left_again()
             del self.queued[req.client]
 
     def remove(self, req: Request) -> bool:

@@ -8,6 +8,9 @@ returning client needs to be treated exactly as if it had never been forgotten:
 - its counter, unless the lift gives it back. A returner is registered with counter 0 and lifted
   to max(0, F), F the lift floor at its return; had it been kept it would get max(c, F). These
   agree when c = 0, and under Lift.PAPER when c <= F at every later return.
+- if it was the last to leave the queue, its counter as it left: the floor of an arrival into an
+  empty queue. It returns with that counter, the last to leave again until another client leaves,
+  so that a lift on its return raises the floor as it would have had it never been forgotten.
 
 The rule: without length prediction (no refunds) and without set_counter, every client that is
 waiting or running, and the last to leave the queue, keeps a counter >= B = min(the floor now, the
@@ -43,13 +46,19 @@ class IdleClients:
         self.orders: OrderedDict[str, int] = OrderedDict()  # the latest KEPT_ORDERS forgotten clients -> their order
         self.kept: dict[str, float] = {}  # forgotten clients whose counter the lift would not give back -> it
         self.left_counter: float | None = None  # the last client to leave the queue, once forgotten: its counter
+        self.left_name: str | None = None  # and its name: it comes back with that counter, the floor again
         self.overwritten = False  # set_counter was used: counters may fall, so forgetting keeps them
 
     def returning_order(self, name: str) -> int | None:
         return self.orders.pop(name, None)
 
     def returning_counter(self, name: str) -> float:
-        return self.kept.pop(name, 0.0)
+        kept = self.kept.pop(name, 0.0)
+        return self.left_counter if name == self.left_name else kept
+
+    def left_again(self) -> None:
+        """A client left the queue (VTC.last_left names it): no forgotten one is the last to leave."""
+        self.left_counter = self.left_name = None
 
     def forget(self, vtc: "VTC", client: str, recoverable: bool) -> bool:
         """Forget an idle client of `vtc`; `recoverable`: the lift gives back a counter <= B."""
@@ -63,7 +72,7 @@ class IdleClients:
             if len(self.orders) > KEPT_ORDERS:
                 self.orders.popitem(last=False)
             if vtc.last_left == client:
-                vtc.last_left, self.left_counter = None, c.counter
+                vtc.last_left, self.left_counter, self.left_name = None, c.counter, client
             counter = c.counter
         elif client in self.kept:  # asked again: the bound may have risen
             counter = self.kept.pop(client)

@@ -181,6 +181,24 @@ def test_a_served_idle_client_at_the_floor_leaves_only_its_order_behind():
     assert vtc.counters() == {"a": 8.0 + 1.0}  # lifted to 8, as a never-forgetting VTC does (max(5, 8)), then + 1
 
 
+def test_the_last_to_leave_the_queue_comes_back_as_the_floor():
+    """Found by the property above: a forgotten client that was the last to leave the queue returns,
+    is lifted, and leaves again by removal (not admission): it is still the last to leave, so the
+    next arrival into an empty queue is lifted to its counter now, not to the one it was forgotten with."""
+    vtc = VTC()
+    world = World(vtc)
+    world.arrive(0, "b", 1, 1)
+    world.arrive(1, "c", 4, 1)
+    world.arrive(2, "c", 1, 1)
+    assert world.select(5) == [0, 1]  # b: 1, then c: 4; b's queue emptied by admission, c's second waits
+    assert vtc.forget("b", 0.0)  # 1 <= B = min(floor 4, the last to leave's 1)
+    world.arrive(3, "b", 1, 1)  # b returns, lifted to c's 4
+    world.abort(0)  # c's waiting request leaves, then b's: removed, not admitted, so b left the queue last
+    world.abort(0)
+    world.arrive(4, "a", 1, 1)  # nobody waits: lifted to b's 4
+    assert vtc.counters() == {"b": 4.0, "c": 4.0, "a": 4.0}
+
+
 def test_a_returner_keeps_its_registration_order_for_the_tie_its_lift_makes():
     vtc = VTC()
     serve_one(vtc, "a", 0, 2, 0.0)  # a registered first: order 0, counter 2
