@@ -1,6 +1,7 @@
 """`run`, `compare`, `replay` and `list`: experiments on the simulator or a real backend."""
 
 import argparse
+import math
 from pathlib import Path
 
 from slora_vtc.backends.registry import BACKENDS
@@ -356,8 +357,8 @@ def _check_workload(exp: Experiment) -> None:
     workload = exp.workload
     if workload.load_scale < 1:
         raise UserError(f"--load-scale must be at least 1, got {workload.load_scale}")
-    if workload.horizon is not None and not workload.horizon > 0:
-        raise UserError(f"--horizon must be positive, got {workload.horizon}")
+    if workload.horizon is not None and not 0 < workload.horizon < math.inf:
+        raise UserError(f"--horizon must be positive and finite, got {workload.horizon}")
 
 
 def _check_optimistic(exp: Experiment, requests, config, preemptible: bool) -> None:
@@ -386,12 +387,12 @@ def _check_real_options(exp: Experiment) -> None:
         raise UserError("--testbed applies to the simulator (--backend sim); a real backend measures its own steps")
     if workload.added_tokens < 0:
         raise UserError(f"--added-tokens must not be negative, got {workload.added_tokens}")
-    if not workload.jitter_ms >= 0:
-        raise UserError(f"--jitter-ms must not be negative, got {workload.jitter_ms}")
+    if not 0 <= workload.jitter_ms < math.inf:
+        raise UserError(f"--jitter-ms must be a finite number >= 0, got {workload.jitter_ms}")
     if memory.adapters is not None and memory.adapters < 0 or memory.adapter_rank <= 0:
         raise UserError("--dummy-adapters must not be negative and --adapter-rank must be positive")
-    if backend.time_scale <= 0:
-        raise UserError(f"--time-scale must be positive, got {backend.time_scale}")
+    if not 0 < backend.time_scale < math.inf:
+        raise UserError(f"--time-scale must be positive and finite, got {backend.time_scale}")
     config = exp.engine_config()  # on a real backend this reads the model spec and the adapters: bad ones fail here
     if backend.real:  # before the check below, whose message would not name the adapter
         exp.adapter_table.check_fits(resolve_spec(backend.model_name), config.pool_tokens)

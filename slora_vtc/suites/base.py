@@ -1,5 +1,6 @@
 """A suite: a named workload, generated from a seed or replayed from a trace file."""
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,8 +37,8 @@ class Suite:
 
     def workload(self, duration: float | None = None, seed: int = 42, trace_path: str | None = None) -> Workload:
         duration = self.duration if duration is None else duration
-        if duration <= 0:
-            raise UserError(f"duration must be positive, got {duration}")
+        if not 0 < duration < math.inf:
+            raise UserError(f"duration must be positive and finite, got {duration}")
         if seed < 0:
             raise UserError(f"the seed must not be negative, got {seed}")
         if self.replays_trace:

@@ -23,6 +23,26 @@ from tests.helpers.files import REPO
         (["run", "--suite", "overload", "--scheduler", "vtc", "--pool-tokens", "300"], "cannot hold a single request"),
         (["run", "--suite", "overload", "--scheduler", "vtc", "--pool-tokens", "0"], "must be positive"),
         (["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "-5"], "duration must be positive"),
+        (
+            ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "nan"],
+            "duration must be positive and finite",
+        ),
+        (
+            ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "inf"],
+            "duration must be positive and finite",
+        ),
+        (
+            ["run", "--suite", "real", "--scheduler", "vtc", "--duration", "nan"],
+            "duration must be positive and finite, got nan",
+        ),
+        (
+            ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--jitter-ms", "inf"],
+            "--jitter-ms must be a finite number >= 0, got inf",
+        ),
+        (
+            ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", "--horizon", "nan"],
+            "--horizon must be positive and finite, got nan",
+        ),
         (["compare", "--suite", "overload", "--schedulers", "rpm:0,vtc", "--duration", "10"], "must be positive"),
         (["compare", "--suite", "overload", "--schedulers", "vtc,rpm:0", "--duration", "10"], "must be positive"),
         (["run", "--suite", "prefix_qa", "--scheduler", "dlpm:0", "--duration", "5"], "quantum must be positive"),
