@@ -14,6 +14,7 @@ from slora_vtc.gateway.dispatcher import Dispatcher
 from slora_vtc.gateway.upstream import Upstream, UpstreamPool
 from slora_vtc.sched import SchedulerOptions
 from slora_vtc.serving.clients import load_clients, scheduler_for
+from slora_vtc.serving.listen import listening_socket
 
 
 def build_context(config: GatewayConfig, probe: bool = True) -> GatewayContext:
@@ -78,6 +79,7 @@ def server_for(ctx: GatewayContext, **overrides) -> uvicorn.Server:
 
 def run_gateway(config: GatewayConfig) -> None:
     ctx = build_context(config)
+    sock = listening_socket(config.host, config.port)
     budgets = ", ".join(
         f"{u.url} ({'adaptive from ' + str(u.limit) if u.adaptive else u.limit} in flight)" for u in ctx.pool.upstreams
     )
@@ -85,4 +87,4 @@ def run_gateway(config: GatewayConfig) -> None:
         f"gateway with scheduler {config.scheduler} on http://{config.host}:{config.port} in front of {budgets}",
         flush=True,
     )
-    server_for(ctx).run()
+    server_for(ctx).run(sockets=[sock])

@@ -20,6 +20,7 @@ import uvicorn
 
 from slora_vtc.server.app import create_app
 from slora_vtc.server.context import ServerConfig, ServerContext, build_context
+from slora_vtc.serving.listen import listening_socket
 
 FLUSH_MARGIN_S = 5  # after the drain: time for aborted streams to send their final events
 
@@ -80,17 +81,19 @@ def backlog_note(backlog: int, somaxconn: Path = Path("/proc/sys/net/core/somaxc
 
 
 def serve(config: ServerConfig) -> None:
-    ctx = build_context(config)
-    print(
-        f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
-        f"(pool {config.pool_tokens} tokens)",
-        flush=True,
-    )
-    note = backlog_note(config.backlog)
-    if note:
-        print(note, file=sys.stderr, flush=True)
-    server = server_for(ctx)
-    server.run()
+    config.check()
+    with listening_socket(config.host, config.port) as sock:  # before the model loads
+        ctx = build_context(config)
+        print(
+            f"serving {ctx.model_name} with scheduler {config.scheduler} on http://{config.host}:{config.port} "
+            f"(pool {config.pool_tokens} tokens)",
+            flush=True,
+        )
+        note = backlog_note(config.backlog)
+        if note:
+            print(note, file=sys.stderr, flush=True)
+        server = server_for(ctx)
+        server.run(sockets=[sock])
     if server.stopped_by == signal.SIGINT:
         # uvicorn re-raises the signal after shutdown, but whether that surfaces as a
         # KeyboardInterrupt depends on where asyncio's own SIGINT handler catches it: be certain

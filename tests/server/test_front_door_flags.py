@@ -1,9 +1,12 @@
 """`serve` and `gateway` check the options they share (serving/front_door.py) alike, before they
 load a model or reach an upstream: one line naming the option, exit status 2."""
 
+import socket
+
 import pytest
 
 from slora_vtc.cli import main
+from tests.helpers.gateway import FakeUpstream, fake_upstream
 
 COMMANDS = {"serve": ["serve"], "gateway": ["gateway", "--upstream", "http://127.0.0.1:1"]}
 
@@ -26,3 +29,16 @@ def test_a_bad_shared_option_is_one_line_and_exit_2(capsys, command, flag, value
     assert main([*COMMANDS[command], f"{flag}={value}"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(capsys):
+    """The socket is bound by us, not by uvicorn (whose log lines and exit status 3 came after a model had
+    loaded): `serve` binds it before it loads the model, the gateway once its upstreams answered."""
+    with socket.socket() as taken, fake_upstream(FakeUpstream()) as upstream:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (["serve"], ["gateway", "--upstream", upstream]):
+            assert main([*argv, "--port", str(port)]) == 2
+            err = capsys.readouterr().err
+            assert err == f"slora-vtc: error: cannot listen on 127.0.0.1:{port} (Address already in use)\n"
