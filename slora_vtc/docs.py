@@ -108,7 +108,10 @@ def refresh_docs(paths: list[Path], write: bool = True, root: Path = REPO_ROOT) 
         path = path if path.is_absolute() else root / path
         if not path.exists():
             continue
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: cannot read it as text ({e})") from None
         fresh = refresh_text(text, numbers, str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
         if fresh != text:
             stale.append(path)

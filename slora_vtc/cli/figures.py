@@ -3,6 +3,8 @@ the numbers the documentation quotes from the files the code writes)."""
 
 from pathlib import Path
 
+from slora_vtc.errors import UserError
+
 
 def cmd_figures(args) -> int:
     from slora_vtc.figures import render_figures
@@ -15,7 +17,11 @@ def cmd_figures(args) -> int:
 def cmd_docs(args) -> int:
     from slora_vtc.docs import DOCS, refresh_docs
 
-    stale = refresh_docs([Path(d) for d in args.files or DOCS], write=not args.check)
+    given = [Path(f).absolute() for f in args.files]  # a file named here is where the user stands, not in the repo
+    for path in given:
+        if not path.is_file():
+            raise UserError(f"{path}: no such markdown file")
+    stale = refresh_docs(given or [Path(d) for d in DOCS], write=not args.check)
     for path in stale:
         print(f"{'stale' if args.check else 'refreshed'}: {path}")
     return 1 if args.check and stale else 0

@@ -11,6 +11,7 @@ import pytest
 from slora_vtc.docs import DOCS, INCLUDE, NUMBER, Numbers, refresh_docs, refresh_text
 from slora_vtc.errors import UserError
 from slora_vtc.figures import render_figures
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.files import REPO
 
 # numbers written in prose that are settings, definitions or arithmetic on them, not measurements
@@ -102,3 +103,16 @@ def test_committed_numbers_are_what_the_code_writes(tmp_path):
     for table in (REPO / "figures" / "tables").glob("*.md"):
         assert (tmp_path / "tables" / table.name).read_text() == table.read_text(), table.name
     assert (tmp_path / "fairness_tables.md").read_text() == (REPO / "figures" / "fairness_tables.md").read_text()
+
+
+def test_a_document_named_on_the_command_line_is_read_where_the_user_stands(capsys, tmp_path, monkeypatch):
+    """`docs FILE` reads FILE from the current folder, as every command does: README.md here is not the
+    repository's (which it must not rewrite); a file that is missing or not text is one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text("no numbers quoted here\n")
+    assert run_cli(capsys, "docs", "--check", "notes.md")[0] == 0
+    code, _, err = run_cli(capsys, "docs", "--write", "README.md")
+    assert_one_line_error(code, err, str(tmp_path / "README.md"), "no such markdown file")
+    (tmp_path / "binary.md").write_bytes(b"\xff\xfe")
+    code, _, err = run_cli(capsys, "docs", "--check", "binary.md")
+    assert_one_line_error(code, err, "binary.md", "cannot read it as text")
