@@ -9,7 +9,12 @@ from slora_vtc.errors import UserError
 def cmd_figures(args) -> int:
     from slora_vtc.figures import render_figures
 
-    for path in render_figures(args.only.split(",") if args.only else None, Path(args.out), jobs=args.jobs):
+    if args.jobs < 0:
+        raise UserError(f"--jobs must not be negative (0: one per core), got {args.jobs}")
+    names = None if args.only is None else [name.strip() for name in args.only.split(",")]
+    if names is not None and not all(names):
+        raise UserError(f"--only takes comma-separated figure names (see `slora-vtc list`), got '{args.only}'")
+    for path in render_figures(names, Path(args.out), jobs=args.jobs):
         print(f"wrote {path}")
     return 0
 

@@ -345,3 +345,17 @@ def test_any_output_that_cannot_be_written_is_one_line(capsys, tmp_path):
     taken.write_text("")
     code, _, err = run_cli(capsys, "figures", "--out", taken)
     assert_one_line_error(code, err, str(taken), "File exists")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["figures", "--only", ""], "--only takes comma-separated figure names (see `slora-vtc list`), got ''"),
+        (["figures", "--only", "overload,,weighted"], "got 'overload,,weighted'"),
+        (["figures", "--jobs", "-1"], "--jobs must not be negative (0: one per core), got -1"),
+    ],
+)
+def test_figures_refuses_an_empty_name_or_negative_jobs_before_running_anything(capsys, tmp_path, argv, message):
+    code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "figs")
+    assert_one_line_error(code, err, message)
+    assert not (tmp_path / "figs").exists()
