@@ -10,6 +10,7 @@ costs: `cold_start`, measured as the first request's time to first token beyond 
 Everything else (throughput, latencies, service shares of other runs) is then a prediction.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -81,6 +82,12 @@ def fit_overhead(model: StepTimeModel, measured: RunResult, scheduler: str, tole
 
 def calibrate(model: StepTimeModel, reference: RunResult, scheduler: str) -> StepTimeModel:
     """The forward-pass model plus what the reference run says the serving path adds."""
+    if reference.total_time * STEADY_UNTIL <= STEADY_FROM_S:
+        raise UserError(
+            f"the run to calibrate on (the first --measured) lasted {reference.total_time:g} s; its steady state, "
+            f"from {STEADY_FROM_S:g} s to {STEADY_UNTIL:g} x its total_time, is empty: give a run longer than "
+            f"{STEADY_FROM_S / STEADY_UNTIL:g} s (or --testbed)"
+        )
     cold = round(measure_cold_start(model, reference, scheduler), 2)
     overhead = fit_overhead(replace(model, cold_start_s=cold), reference, scheduler)
     return replace(model, overhead_s=overhead, cold_start_s=cold)
@@ -125,7 +132,24 @@ def _shares(result: RunResult, until: float) -> list[float]:
 
 
 def first_run(path: str) -> RunResult:
+    """The first run of a measured result file, checked for what calibrating on it and comparing with it need."""
     runs = read_results(path)
     if not runs:
         raise UserError(f"{path}: no run in this result file (it is empty)")
-    return runs[0]
+    run = runs[0]
+    if not run.responses:
+        raise UserError(
+            f"{path}: the first run has no responses (field 'responses' is []); a measured run's requests are needed"
+        )
+    if not any(r.status == "finished" for r in run.responses):
+        raise UserError(
+            f"{path}: the first run served no request (none of its {len(run.responses)} responses finished)"
+        )
+    if run.total_time <= 0:
+        raise UserError(f"{path}: the first run's field 'total_time' must be positive, got {run.total_time}")
+    duration = run.config.get("duration", 1.0)
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration < math.inf:
+        raise UserError(
+            f"{path}: the first run's field 'config.duration' must be a positive number of seconds, got {duration!r}"
+        )
+    return run

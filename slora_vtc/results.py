@@ -1,6 +1,7 @@
 """Result files (docs/design.md, "Result files"): one JSON line per run, also readable from the artifact's files."""
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ if TYPE_CHECKING:  # numpy only for the metrics' arrays: writing a result file n
     import numpy as np
 
 RESPONSE_FIELDS = ("client", "prompt_len", "output_len", "req_time", "first_token_latency", "request_latency", "status")
+STATUSES = tuple(s.value for s in State)  # what a response's status may be
 MEMORY_FIELDS = ("cached_tokens", "preemptions", "recomputed")  # written only when not 0 (the paper's runs have none)
 
 
@@ -155,41 +157,113 @@ def _parse_line(path: Path, lineno: int, line: str) -> RunResult:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("result", {}), dict):
+        raise UserError(f"{where}: expected {{'config': ..., 'result': {{'total_time', 'responses'}}}}")
+    if "result" not in record:
+        raise UserError(f"{where}: missing field 'result'")
+    missing = [f for f in ("total_time", "responses") if f not in record["result"]]
+    if missing:
+        raise UserError(f"{where}: missing field '{missing[0]}'")
+    result = record["result"]
+    config = record.get("config", {})
+    if not isinstance(config, dict):
+        raise UserError(f"{where}: field 'config' must be an object, got {_kind(config)}")
+    total_time = _time(where, "total_time", result["total_time"])
+    raw = result["responses"]
+    if not isinstance(raw, list):
+        raise UserError(f"{where}: field 'responses' must be a list of responses, got {_kind(raw)}")
+    responses = tuple(_parse_response(f"{where}: response {i}", r) for i, r in enumerate(raw))
+    return RunResult(config, total_time, responses)
+
+
+def _kind(value) -> str:
+    """What a JSON value is, for a message."""
+    if isinstance(value, bool):
+        return f"a boolean ({json.dumps(value)})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if len(value) <= 40 else "a string"
+    if value is None:
+        return "null"
+    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _number(where: str, name: str, value) -> float:
+    """A finite JSON number (not a boolean) or a string holding one."""
     try:
-        result = record["result"]
-        responses = tuple(_parse_response(f"{where}: response {i}", r) for i, r in enumerate(result["responses"]))
-        return RunResult(record.get("config", {}), float(result["total_time"]), responses)
-    except UserError:
-        raise
-    except KeyError as e:
-        raise UserError(f"{where}: missing field {e}") from None
-    except (TypeError, AttributeError):
-        raise UserError(f"{where}: expected {{'config': ..., 'result': {{'total_time', 'responses'}}}}") from None
-    except ValueError:
-        raise UserError(f"{where}: total_time is not a number") from None
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field '{name}' is not a number, got {_kind(value)}") from None
+    if not math.isfinite(number):
+        raise UserError(f"{where}: field '{name}' must be a finite number, got {value}")
+    return number
+
+
+def _time(where: str, name: str, value) -> float:
+    """Seconds: finite and >= 0."""
+    number = _number(where, name, value)
+    if number < 0:
+        raise UserError(f"{where}: field '{name}' must be a time >= 0 s, got {value}")
+    return number
+
+
+def _count(where: str, name: str, value, least: int = 0) -> int:
+    """A whole number >= `least`."""
+    number = _number(where, name, value)
+    if number != int(number):
+        raise UserError(f"{where}: field '{name}' must be a whole number, got {value}")
+    if number < least:
+        raise UserError(f"{where}: field '{name}' must be >= {least}, got {value}")
+    return int(number)
+
+
+def _latency(where: str, name: str, value) -> float:
+    """Seconds after the request was sent: >= 0, or -1 for a request never served."""
+    number = _number(where, name, value)
+    if number < 0 and number != -1:
+        raise UserError(f"{where}: field '{name}' must be a time >= 0 s (or -1: never served), got {value}")
+    return number
 
 
 def _parse_response(where: str, raw: dict) -> Response:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected an object with fields {', '.join(RESPONSE_FIELDS)}, got {_kind(raw)}")
     raw = dict(raw)
     if "client" not in raw and "adapter_dir" in raw:
         raw["client"] = raw.pop("adapter_dir")
     missing = [f for f in RESPONSE_FIELDS[:-1] if f not in raw]
     if missing:
         raise UserError(f"{where}: missing field '{missing[0]}'")
-    try:
-        first = float(raw["first_token_latency"])
-        # the artifact writes no status: a request it never served (an RPM refusal) has latency -1
-        status = str(raw.get("status", "finished" if first >= 0 else "rejected"))
-        return Response(
-            str(raw["client"]),
-            int(raw["prompt_len"]),
-            int(raw["output_len"]),
-            float(raw["req_time"]),
-            first,
-            float(raw["request_latency"]),
-            status,
-            *(int(raw.get(f, 0)) for f in MEMORY_FIELDS),
-            None if raw.get("replica") is None else int(raw["replica"]),
+    if not isinstance(raw["client"], str):
+        raise UserError(f"{where}: field 'client' must be a string, got {_kind(raw['client'])}")
+    prompt_len = _count(where, "prompt_len", raw["prompt_len"])
+    output_len = _count(where, "output_len", raw["output_len"])
+    req_time = _time(where, "req_time", raw["req_time"])
+    first = _latency(where, "first_token_latency", raw["first_token_latency"])
+    total = _latency(where, "request_latency", raw["request_latency"])
+    if (first == -1) != (total == -1):
+        raise UserError(
+            f"{where}: fields 'first_token_latency' ({raw['first_token_latency']}) and 'request_latency' "
+            f"({raw['request_latency']}) disagree: both are -1 for a request never served, else both times >= 0 s"
         )
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: a numeric field is not a number") from None
+    # the artifact writes no status: a request it never served (an RPM refusal) has latency -1
+    status = raw.get("status", "finished" if first >= 0 else "rejected")
+    if status not in STATUSES:
+        raise UserError(f"{where}: field 'status' must be one of {', '.join(STATUSES)}, got {_kind(status)}")
+    if status == "finished" and first < 0:
+        raise UserError(f"{where}: field 'status' is 'finished', but its latencies are -1 (never served)")
+    replica = raw.get("replica")
+    return Response(
+        raw["client"],
+        prompt_len,
+        output_len,
+        req_time,
+        first,
+        total,
+        status,
+        *(_count(where, f, raw.get(f, 0)) for f in MEMORY_FIELDS),
+        None if replica is None else _count(where, "replica", replica, least=-1),
+    )

@@ -2,10 +2,18 @@
 
 
 def cmd_trace_build(args) -> int:
+    from slora_vtc.errors import UserError
     from slora_vtc.traces import write_trace
     from slora_vtc.traces.build import build_trace
+    from slora_vtc.traces.multi_turn import DEFAULT_THINK_TIME_S
+    from slora_vtc.traces.readers import check_trace_out
     from slora_vtc.traces.tokenize import token_counter
 
+    if args.think_time is None:
+        args.think_time = DEFAULT_THINK_TIME_S
+    elif not args.multi_turn:
+        raise UserError("--think-time applies only with --multi-turn (single-turn chats have no later turns)")
+    check_trace_out(args.out)  # before the build: a name replay would misread
     count, bos = token_counter(args.tokenizer)
     records, stats = build_trace(
         args.raw_file,
@@ -77,7 +85,11 @@ def add_parsers(sub) -> None:
     build.add_argument("raw_file")
     build.add_argument("--rate", type=float, required=True, help="requests per second to sample")
     build.add_argument("--duration", type=float, required=True, help="seconds the sampled requests are spread over")
-    build.add_argument("--out", required=True, help="the trace: .csv, .parquet, or JSONL for any other name")
+    build.add_argument(
+        "--out",
+        required=True,
+        help="the trace: .csv, .parquet, or JSONL for any other name (not .json / .pkl); add .gz to gzip it",
+    )
     build.add_argument("--tokenizer", help="local Hugging Face tokenizer folder (default: an approximate count)")
     build.add_argument("--seed", type=int, default=42)
     build.add_argument(
@@ -102,7 +114,6 @@ def add_parsers(sub) -> None:
     build.add_argument(
         "--think-time",
         type=float,
-        default=10.0,
         metavar="SECONDS",
         help="--multi-turn: seconds between a conversation's turns (default 10)",
     )

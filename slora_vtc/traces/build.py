@@ -61,6 +61,7 @@ from slora_vtc.workload import RequestSpec
 __all__ = ["MAX_LEN", "BuildStats", "Chat", "build_trace", "chats", "load_raw"]
 
 MAX_LEN = 1024
+MAX_SEED = 2**32 - 1
 RAW_FORMATS = "trace build reads JSON, JSONL or parquet conversation logs, optionally .gz"
 
 
@@ -123,6 +124,12 @@ def requested_count(rate: float, duration: float) -> int:
     return wanted
 
 
+def check_seed(seed: int) -> None:
+    """numpy's RandomState takes seeds in [0, 2**32 - 1]."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be a whole number from 0 to {MAX_SEED} (2**32 - 1), got {seed}")
+
+
 def build_trace(
     path: str,
     rate: float,
@@ -138,6 +145,9 @@ def build_trace(
     """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations
     (traces/multi_turn.py)."""
     wanted = requested_count(rate, duration)
+    check_seed(seed)
+    if not (math.isfinite(think_time) and think_time >= 0):
+        raise UserError(f"--think-time must be a finite number of seconds >= 0, got {think_time}")
     raw = load_raw(path)
     if not raw:
         raise UserError(f"{path}: no records")

@@ -14,6 +14,8 @@ some record has segments (CSV / parquet: an empty cell for a record without).
 """
 
 import csv
+import gzip
+import io
 import json
 import math
 from pathlib import Path
@@ -27,6 +29,7 @@ from slora_vtc.traces.files import (
     inner_suffix,
     is_parquet,
     is_pickle,
+    json_kind,
     json_lines,
     parquet_rows,
     read_input,
@@ -94,7 +97,11 @@ def _record(where: str, row) -> RequestSpec:
     for name in FIELDS:
         if row.get(name) in (None, ""):
             raise UserError(f"{where}: missing field '{name}'")
+    if not isinstance(row["client"], str):
+        raise UserError(f"{where}: field 'client' must be a string, got {json_kind(row['client'])}: {row['client']!r}")
     prompt_len, output_len = _count(where, row, "prompt_len"), _count(where, row, "output_len")
+    if isinstance(row["req_time"], bool):
+        raise UserError(f"{where}: field 'req_time' must be a number, got a boolean ({json.dumps(row['req_time'])})")
     try:
         req_time = float(row["req_time"])
     except (TypeError, ValueError):
@@ -102,7 +109,7 @@ def _record(where: str, row) -> RequestSpec:
     if not math.isfinite(req_time) or req_time < 0:
         raise UserError(f"{where}: field 'req_time' must be a finite time >= 0, got {req_time}")
     return RequestSpec(
-        str(row["client"]), prompt_len, output_len, req_time, _segments(where, row.get("segments"), prompt_len)
+        row["client"], prompt_len, output_len, req_time, _segments(where, row.get("segments"), prompt_len)
     )
 
 
@@ -121,6 +128,8 @@ def _segments(where: str, value, prompt_len: int) -> Segments:
 
 def _count(where: str, row: dict, name: str) -> int:
     value = row[name]
+    if isinstance(value, bool):
+        raise UserError(f"{where}: field '{name}' must be a whole number, got a boolean ({json.dumps(value)})")
     try:
         count = int(value)
         if count != float(value):
@@ -132,31 +141,51 @@ def _count(where: str, row: dict, name: str) -> int:
     return count
 
 
+WRITTEN_FORMATS = "name it .jsonl, .csv or .parquet (any other name is JSONL), optionally + .gz"
+
+
 def write_trace(records: list[RequestSpec], path: str | Path) -> None:
-    """JSONL, or CSV / parquet when the file name ends in .csv / .parquet."""
+    """JSONL, or CSV / parquet when the file name ends in .csv / .parquet; gzip-compressed when it
+    then ends in .gz (t.csv.gz), so that read_trace reads back what it wrote."""
     path = Path(path)
+    check_trace_out(path)
+    data = _encoded(records, inner_suffix(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write(records, path)
+        path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
     except OSError as e:
         raise UserError(f"{path}: cannot write the trace ({e.strerror or e})") from None
 
 
-def _write(records: list[RequestSpec], path: Path) -> None:
-    fields = FIELDS + ("segments",) if any(r.segments for r in records) else FIELDS
-    if path.suffix in (".csv", ".parquet"):
-        rows = [_row(r, fields, as_text=True) for r in records]
-        if path.suffix == ".csv":
-            with path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields)
-                writer.writeheader()
-                writer.writerows(rows)
-        else:
-            import pandas as pd
+def check_trace_out(path: str | Path) -> None:
+    """Refuse a name read_trace would read as another format than write_trace writes (before a build)."""
+    path = Path(path)
+    misread = {".json": "the paper's JSON ({'requests': [...]})", ".pkl": "the artifact's pickle"}
+    suffix = inner_suffix(path)
+    if suffix in misread:
+        raise UserError(
+            f"{path}: a trace named {suffix}{'.gz' if path.name.endswith('.gz') else ''} is read back as "
+            f"{misread[suffix]}, which trace build does not write; {WRITTEN_FORMATS}"
+        )
 
-            pd.DataFrame(rows, columns=list(fields)).to_parquet(path, index=False)
-    else:
-        path.write_text("".join(json.dumps(_row(r, fields, as_text=False)) + "\n" for r in records))
+
+def _encoded(records: list[RequestSpec], suffix: str) -> bytes:
+    fields = FIELDS + ("segments",) if any(r.segments for r in records) else FIELDS
+    if suffix == ".csv":
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(_row(r, fields, as_text=True) for r in records)
+        return text.getvalue().encode()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        binary = io.BytesIO()
+        pd.DataFrame([_row(r, fields, as_text=True) for r in records], columns=list(fields)).to_parquet(
+            binary, index=False
+        )
+        return binary.getvalue()
+    return "".join(json.dumps(_row(r, fields, as_text=False)) + "\n" for r in records).encode()
 
 
 def _row(spec: RequestSpec, fields: tuple[str, ...], as_text: bool) -> dict:

@@ -14,6 +14,7 @@ from slora_vtc.cli import main
 from slora_vtc.traces import read_trace, trace_workload
 from slora_vtc.traces.build import build_trace
 from slora_vtc.traces.tokenize import approx_count
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.files import ARENA_FIXTURE
 
 
@@ -152,7 +153,10 @@ def test_the_arena_fixture_keeps_its_two_turn_chats():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--think-time", "-1"], "--think-time must be a number of seconds >= 0"),
+        (["--think-time", "-1"], "--think-time must be a finite number of seconds >= 0, got -1.0"),
+        (["--think-time", "inf"], "--think-time must be a finite number of seconds >= 0, got inf"),
+        (["--think-time", "nan"], "--think-time must be a finite number of seconds >= 0, got nan"),
+        (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295 (2**32 - 1), got -1"),
         (["--rate", "0"], "--rate and --duration must be positive"),
     ],
 )
@@ -160,6 +164,25 @@ def test_bad_options_exit_2(capsys, tmp_path, raw_file, argv, message):
     base = {"--rate": "1", "--duration": "100"}
     base.update(dict(zip(argv[::2], argv[1::2])))
     extra = [x for k, v in base.items() for x in (k, v)]
-    code = main(["trace", "build", str(raw_file), "--multi-turn", *extra, "--out", str(tmp_path / "t.jsonl")])
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
+    out = tmp_path / "t.jsonl"
+    code, _, err = run_cli(capsys, "trace", "build", raw_file, "--multi-turn", *extra, "--out", out)
+    assert_one_line_error(code, err, message)
+    assert not out.exists()  # nothing written: no NaN or Infinity req_time
+
+
+def test_think_time_without_multi_turn_is_an_error(capsys, tmp_path, raw_file):
+    argv = [
+        "trace",
+        "build",
+        raw_file,
+        "--rate",
+        "1",
+        "--duration",
+        "100",
+        "--think-time",
+        "3",
+        "--out",
+        tmp_path / "t.jsonl",
+    ]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, "--think-time applies only with --multi-turn")

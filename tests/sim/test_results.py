@@ -1,6 +1,7 @@
 """Result files (docs/design.md, "Result files") and cost-profile files: round trips and clear errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +9,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.profile import ProfilePoint, load_profile, save_profile
 from slora_vtc.results import RunResult, read_results, write_results
 from slora_vtc.sched import RPM
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.engine import make_engine, req, result_of
 from tests.helpers.files import a10g_profile, write_jsonl
 
@@ -117,7 +119,7 @@ def bad_response(**change):
         (bad_response(req_time=None), "missing field 'req_time'"),
         (bad_response(prompt_len="many"), "not a number"),
         ({"result": []}, "expected"),
-        ({"result": {"total_time": "soon", "responses": []}}, "total_time is not a number"),
+        ({"result": {"total_time": "soon", "responses": []}}, "field 'total_time' is not a number"),
         ({"result": {"total_time": 1.0, "responses": [5]}}, "expected"),
     ],
 )
@@ -126,6 +128,65 @@ def test_malformed_lines_name_file_and_line(tmp_path, line, message):
     with pytest.raises(UserError, match=message) as err:
         read_results(path)
     assert f"{path}:3" in str(err.value)
+
+
+def bad_run(**change) -> dict:
+    record = json.loads(json.dumps(GOOD))
+    record["result"].update(change)
+    return record
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (bad_run(responses="x"), "field 'responses' must be a list of responses, got a string ('x')"),
+        (bad_run(responses={"a": 1}), "field 'responses' must be a list of responses, got an object"),
+        (bad_run(total_time=-1), "field 'total_time' must be a time >= 0 s, got -1"),
+        (bad_run(total_time=float("inf")), "field 'total_time' must be a finite number, got inf"),
+        ({**GOOD, "config": [1]}, "field 'config' must be an object, got a list"),
+        (bad_response(req_time=float("nan")), "response 0: field 'req_time' must be a finite number, got nan"),
+        (bad_response(req_time=-0.5), "response 0: field 'req_time' must be a time >= 0 s, got -0.5"),
+        (bad_response(prompt_len=-5), "response 0: field 'prompt_len' must be >= 0, got -5"),
+        (bad_response(output_len=2.5), "response 0: field 'output_len' must be a whole number, got 2.5"),
+        (bad_response(prompt_len=True), "response 0: field 'prompt_len' is not a number, got a boolean (true)"),
+        (bad_response(client=[1]), "response 0: field 'client' must be a string, got a list"),
+        (
+            bad_response(request_latency=float("inf")),
+            "response 0: field 'request_latency' must be a finite number, got inf",
+        ),
+        (
+            bad_response(first_token_latency=-0.5),
+            "response 0: field 'first_token_latency' must be a time >= 0 s (or -1: never served), got -0.5",
+        ),
+        (
+            bad_response(first_token_latency=-1),
+            "response 0: fields 'first_token_latency' (-1) and 'request_latency' (1) disagree: "
+            "both are -1 for a request never served, else both times >= 0 s",
+        ),
+        (
+            bad_response(first_token_latency=-1, request_latency=-1, status="finished"),
+            "response 0: field 'status' is 'finished', but its latencies are -1 (never served)",
+        ),
+        (
+            bad_response(status="done"),
+            "response 0: field 'status' must be one of waiting, running, finished, rejected, aborted, "
+            "got a string ('done')",
+        ),
+        (bad_response(preemptions=-2), "response 0: field 'preemptions' must be >= 0, got -2"),
+        (bad_response(replica=-2), "response 0: field 'replica' must be >= -1, got -2"),
+    ],
+)
+def test_numbers_that_make_no_sense_name_file_line_and_field(tmp_path, line, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, line])
+    with pytest.raises(UserError) as err:
+        read_results(path)
+    assert str(err.value) == f"{path}:2: {message}"
+
+
+def test_every_shipped_result_file_reads(paper_results):
+    for name in ("vtc_overload.jsonl", "fcfs_overload.jsonl"):
+        (run,) = read_results(paper_results(name))
+        assert run.responses and all(r.prompt_len >= 0 and r.req_time >= 0 for r in run.responses)
 
 
 def test_missing_or_binary_result_file(tmp_path):
@@ -184,3 +245,79 @@ def test_binary_profile_raises_user_error(tmp_path):
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe{}")
     with pytest.raises(UserError, match="bin.json"):
         load_profile(tmp_path / "bin.json")
+
+
+# -- calibrate --measured on a bad result file: one line, exit 2 ------------------------------
+
+
+def _measured(paper_results, tmp_path, change) -> Path:
+    """A copy of the artifact's VTC overload run with one change."""
+    record = json.loads(paper_results("vtc_overload.jsonl").read_text().splitlines()[0])
+    change(record["result"])
+    path = tmp_path / "measured.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def _set_first_response(**fields):
+    return lambda result: result["responses"][0].update(fields)
+
+
+def _all_refused(result):
+    for r in result["responses"]:
+        r["first_token_latency"] = r["request_latency"] = -1
+
+
+def _short(result):
+    result["responses"] = [r for r in result["responses"] if r["req_time"] < 20]
+    result["total_time"] = 40.0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda r: r.update(responses=[]),
+            "{path}: the first run has no responses (field 'responses' is []); a measured run's requests are needed",
+        ),
+        (
+            lambda r: r.update(responses="x"),
+            "{path}:1: field 'responses' must be a list of responses, got a string ('x')",
+        ),
+        (
+            _set_first_response(req_time=float("nan")),
+            "{path}:1: response 0: field 'req_time' must be a finite number, got nan",
+        ),
+        (_set_first_response(prompt_len=-5), "{path}:1: response 0: field 'prompt_len' must be >= 0, got -5"),
+        (
+            _set_first_response(first_token_latency=-1),
+            "{path}:1: response 0: fields 'first_token_latency' (-1) and 'request_latency' (12.353665351867676) "
+            "disagree: both are -1 for a request never served, else both times >= 0 s",
+        ),
+        (
+            _set_first_response(request_latency=float("inf")),
+            "{path}:1: response 0: field 'request_latency' must be a finite number, got inf",
+        ),
+        (_all_refused, "{path}: the first run served no request (none of its 1620 responses finished)"),
+        (lambda r: r.update(total_time=0), "{path}: the first run's field 'total_time' must be positive, got 0.0"),
+        (
+            _short,
+            "the run to calibrate on (the first --measured) lasted 40 s; its steady state, from 100 s to 0.8 x its "
+            "total_time, is empty: give a run longer than 125 s (or --testbed)",
+        ),
+    ],
+)
+def test_calibrate_from_a_bad_measured_run_is_one_line(capsys, tmp_path, paper_results, change, message):
+    path = _measured(paper_results, tmp_path, change)
+    code, _, err = run_cli(capsys, "calibrate", "--measured", path, "--scheduler", "vtc")
+    assert_one_line_error(code, err, message.format(path=path))
+
+
+def test_calibrate_with_a_bad_config_duration_is_one_line(capsys, tmp_path, paper_results):
+    record = json.loads(paper_results("vtc_overload.jsonl").read_text().splitlines()[0])
+    record["config"]["duration"] = "x"
+    path = write_jsonl(tmp_path / "measured.jsonl", [record])
+    code, _, err = run_cli(capsys, "calibrate", "--measured", path, "--scheduler", "vtc")
+    assert_one_line_error(
+        code, err, f"{path}: the first run's field 'config.duration' must be a positive number of seconds, got 'x'"
+    )

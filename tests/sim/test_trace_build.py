@@ -18,6 +18,7 @@ from slora_vtc.traces import read_trace, write_trace
 from slora_vtc.traces.build import build_trace
 from slora_vtc.traces.tokenize import approx_count
 from slora_vtc.workload import RequestSpec
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.files import ARENA_FIXTURE, write_jsonl
 
 FIXTURE = str(ARENA_FIXTURE)
@@ -382,3 +383,64 @@ def test_replay_of_a_binary_file_is_one_line(tmp_path, capsys):
     path.write_bytes(np.random.RandomState(0).bytes(256))
     assert main(["replay", str(path), "--scheduler", "vtc"]) == 2
     assert f"{path}: not a text file" in one_line_error(capsys)
+
+
+# -- flags and --out names that replay would misread ------------------------------------------
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_seed_numpy_refuses_is_one_line_naming_seed(tmp_path, capsys, seed):
+    code, _, err = run_cli(
+        capsys, *build(Path(FIXTURE), "--seed", seed, rate="0.1", duration="300", out=tmp_path / "o.jsonl")
+    )
+    assert_one_line_error(code, err, f"--seed must be a whole number from 0 to 4294967295 (2**32 - 1), got {seed}")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_the_largest_seed_builds(tmp_path, capsys):
+    code, out, _ = run_cli(
+        capsys, *build(Path(FIXTURE), "--seed", "4294967295", rate="0.1", duration="300", out=tmp_path / "o.jsonl")
+    )
+    assert code == 0 and len(read_trace(tmp_path / "o.jsonl")) == 30
+
+
+@pytest.mark.parametrize("name", ["t.jsonl.gz", "t.csv.gz", "t.parquet.gz"])
+def test_a_gz_out_is_gzipped_and_replays_as_written(tmp_path, capsys, name):
+    out = tmp_path / name
+    code, _, _ = run_cli(capsys, *build(Path(FIXTURE), rate="0.1", duration="300", out=out))
+    assert code == 0 and out.read_bytes()[:2] == b"\x1f\x8b"
+    assert read_trace(out) == build_trace(FIXTURE, 0.1, 300, approx_count)[0]
+    code, _, _ = run_cli(capsys, "replay", out, "--scheduler", "vtc", "--out", tmp_path / "r.jsonl")
+    assert code == 0 and len(read_results(tmp_path / "r.jsonl")[0].responses) == 30
+
+
+@pytest.mark.parametrize(
+    "name, read_as",
+    [
+        ("t.json", ".json is read back as the paper's JSON ({'requests': [...]})"),
+        ("t.json.gz", ".json.gz is read back as the paper's JSON ({'requests': [...]})"),
+        ("t.pkl", ".pkl is read back as the artifact's pickle"),
+    ],
+)
+def test_an_out_name_replay_would_misread_is_refused_before_the_build(tmp_path, capsys, name, read_as):
+    out = tmp_path / name
+    code, _, err = run_cli(capsys, *build(Path(FIXTURE), rate="0.1", duration="300", out=out))
+    assert_one_line_error(
+        code,
+        err,
+        f"{out}: a trace named {read_as}, which trace build does not write; "
+        "name it .jsonl, .csv or .parquet (any other name is JSONL), optionally + .gz",
+    )
+    assert not out.exists()
+
+
+def test_replay_of_a_trace_with_a_boolean_length_names_line_and_field(tmp_path, capsys):
+    trace = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"client": "a", "prompt_len": 3, "output_len": 4, "req_time": 0},
+            {"client": "a", "prompt_len": True, "output_len": 4, "req_time": 1},
+        ],
+    )
+    code, _, err = run_cli(capsys, "replay", trace, "--scheduler", "vtc", "--out", tmp_path / "r.jsonl")
+    assert_one_line_error(code, err, f"{trace}:2: field 'prompt_len' must be a whole number, got a boolean (true)")

@@ -128,6 +128,26 @@ def test_paper_trace_json():
             "t.jsonl:2: field 'req_time' goes back in time",
         ),
         ('{"client": "a", "prompt_len": 3', "t.jsonl:2: not valid JSON"),
+        (
+            '{"client": "a", "prompt_len": true, "output_len": 4, "req_time": 1}',
+            "t.jsonl:2: field 'prompt_len' must be a whole number, got a boolean (true)",
+        ),
+        (
+            '{"client": "a", "prompt_len": 3, "output_len": false, "req_time": 1}',
+            "t.jsonl:2: field 'output_len' must be a whole number, got a boolean (false)",
+        ),
+        (
+            '{"client": "a", "prompt_len": 3, "output_len": 4, "req_time": true}',
+            "t.jsonl:2: field 'req_time' must be a number, got a boolean (true)",
+        ),
+        (
+            '{"client": [1], "prompt_len": 3, "output_len": 4, "req_time": 1}',
+            "t.jsonl:2: field 'client' must be a string, got a list: [1]",
+        ),
+        (
+            '{"client": 7, "prompt_len": 3, "output_len": 4, "req_time": 1}',
+            "t.jsonl:2: field 'client' must be a string, got a number: 7",
+        ),
     ],
 )
 def test_malformed_jsonl_rows_name_file_line_and_field(tmp_path, line, message):
