@@ -112,4 +112,6 @@ def save_profile(points: list[ProfilePoint], path: str | Path, hits: "list[Prefi
         table.setdefault(str(p.input_len), {})[str(p.output_len)] = [p.batch_size, p.prefill_s, p.decode_s]
     if hits:
         table[PREFIX_HITS] = [[h.batch_size, h.cached_len, h.extend_len, h.prefill_s] for h in hits]
-    Path(path).write_text(json.dumps(table))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table))

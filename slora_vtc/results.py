@@ -122,13 +122,13 @@ def client_sort_key(name: str) -> tuple:
     return (stem, int(digits) if digits else -1)
 
 
-def check_writable(path: Path) -> None:
-    """Fail before a run, in one line, where its result file could not be written once it ends."""
+def check_writable(path: Path, what: str = "a result file") -> None:
+    """Fail before a run, in one line, where its output (`what`) could not be written once it ends."""
     if path.is_dir():
-        raise UserError(f"{path}: is a folder; --out takes a result file")
-    existing = next(p for p in path.parents if p.exists())  # write_results creates the folders below it
+        raise UserError(f"{path}: is a folder; --out takes {what}")
+    existing = next(p for p in path.parents if p.exists())  # the writers create the folders below it
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise UserError(f"{path}: cannot write a result file there ({existing} is not a folder one can write in)")
+        raise UserError(f"{path}: cannot write {what} there ({existing} is not a folder one can write in)")
 
 
 def write_results(path: str | Path, results: list[RunResult], append: bool = False) -> None:

@@ -1,9 +1,12 @@
 """`generate` (token ids for prompts) and `profile` (a cost profile of this hardware) on the real model."""
 
+from pathlib import Path
+
 from slora_vtc.backends.registry import get_backend
 from slora_vtc.cli.experiments import add_adapter_args, add_model_args
 from slora_vtc.errors import UserError
 from slora_vtc.model.adapters import AdapterTable, adapter_table
+from slora_vtc.results import check_writable
 
 
 def adapters_of(args) -> AdapterTable:
@@ -14,8 +17,13 @@ def cmd_generate(args) -> int:
     from slora_vtc.model.sampling_params import SamplingParams
     from slora_vtc.realrun import generate
 
-    prompts = [_ids(text) for text in args.prompt_ids]
-    sampling = SamplingParams() if args.greedy else SamplingParams(args.temperature, args.top_k, args.top_p)
+    prompts = [_ids(text, "--prompt-ids") for text in args.prompt_ids]
+    if args.seed < 0:
+        raise UserError(f"--seed must not be negative, got {args.seed}")
+    if args.pool_tokens is not None and args.pool_tokens <= 0:
+        raise UserError(f"--pool-tokens must be positive, got {args.pool_tokens}")
+    temperature, top_k, top_p = _sampling_args(args)
+    sampling = SamplingParams() if args.greedy else SamplingParams(temperature, top_k, top_p)
     outputs = generate(
         args.model or get_backend(args.backend).default_model,
         prompts,
@@ -35,11 +43,28 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _ids(text: str) -> list[int]:
+def _sampling_args(args) -> tuple[float, int, float]:
+    """--temperature, --top-k, --top-p with their defaults; refused beside --greedy, which samples nothing."""
+    given = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                      ("--top-p", args.top_p)) if value is not None]  # fmt: skip
+    if args.greedy and given:
+        raise UserError(f"--greedy takes the most likely token: {', '.join(given)} does not apply")
+    return (
+        1.0 if args.temperature is None else args.temperature,
+        0 if args.top_k is None else args.top_k,
+        1.0 if args.top_p is None else args.top_p,
+    )
+
+
+def _ids(text: str, flag: str, least: int = 0) -> list[int]:
+    """`flag`'s comma-separated integers, each at least `least`."""
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        values = [int(t) for t in text.split(",")]
     except ValueError:
-        raise UserError(f"--prompt-ids takes comma-separated integers, got '{text}'") from None
+        raise UserError(f"{flag} takes comma-separated integers, got '{text}'") from None
+    if any(v < least for v in values):
+        raise UserError(f"{flag}: every value must be at least {least}, got '{text}'")
+    return values
 
 
 def cmd_profile(args) -> int:
@@ -50,9 +75,14 @@ def cmd_profile(args) -> int:
 
     if args.pool_tokens <= 0:
         raise UserError(f"--pool-tokens must be positive, got {args.pool_tokens}")
+    if args.max_batch is not None and args.max_batch <= 0:
+        raise UserError(f"--max-batch must be positive, got {args.max_batch}")
+    check_writable(Path(args.out), "a profile JSON")  # before the measurement, which takes minutes
     grid = ARTIFACT_GRID
-    if args.inputs or args.outputs:
-        grid = tuple((i, o) for i in _ids(args.inputs or "8,64,256,512") for o in _ids(args.outputs or "1,64,128,256"))
+    if args.inputs is not None or args.outputs is not None:
+        inputs = _ids("8,64,256,512" if args.inputs is None else args.inputs, "--inputs", least=1)
+        outputs = _ids("1,64,128,256" if args.outputs is None else args.outputs, "--outputs", least=1)
+        grid = tuple((i, o) for i in inputs for o in outputs)
     model = args.model or get_backend(args.backend).default_model
     prefix_grid = _prefix_grid(args, model)
     points, hits = measure_profile(
@@ -100,11 +130,16 @@ def _prefix_grid(args, model: str) -> tuple[tuple[int, int], ...]:
     pairs that fit."""
     from slora_vtc.realrun import PREFIX_GRID, fitting_prefix_grid
 
+    given = args.cached_lens is not None or args.extend_lens is not None
     if args.no_prefix_hits:
+        if given:
+            raise UserError("--no-prefix-hits measures no prefix hits: --cached-lens and --extend-lens do not apply")
         return ()
-    if args.cached_lens or args.extend_lens:
-        cached = _ids(args.cached_lens) if args.cached_lens else sorted({c for c, _ in PREFIX_GRID})
-        extend = _ids(args.extend_lens) if args.extend_lens else sorted({e for _, e in PREFIX_GRID})
+    if given:
+        cached = _ids(args.cached_lens, "--cached-lens", 1) if args.cached_lens is not None else None
+        extend = _ids(args.extend_lens, "--extend-lens", 1) if args.extend_lens is not None else None
+        cached = cached or sorted({c for c, _ in PREFIX_GRID})
+        extend = extend or sorted({e for _, e in PREFIX_GRID})
         return tuple((c, e) for c in cached for e in extend)
     return fitting_prefix_grid(args.pool_tokens, model, adapters_of(args))
 
@@ -123,9 +158,9 @@ def add_parsers(sub) -> None:
     )
     gen.add_argument("--max-new-tokens", type=int, default=16)
     gen.add_argument("--greedy", action="store_true", help="argmax decoding (otherwise: sample)")
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0, help="0: off")
-    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--temperature", type=float, help="sampling temperature (default 1)")
+    gen.add_argument("--top-k", type=int, help="keep the k most likely tokens (default 0: off)")
+    gen.add_argument("--top-p", type=float, help="nucleus sampling (default 1: off)")
     gen.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     gen.add_argument("--seed", type=int, default=0, help="seed of dummy weights and of sampling")
     gen.add_argument("--pool-tokens", type=int, help="memory pool in tokens (default: just enough)")
