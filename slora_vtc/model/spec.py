@@ -178,7 +178,12 @@ class Config:
 
     def float(self, key: str, default=None) -> float:
         return float(
-            self._typed(key, default, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+            self._typed(
+                key,
+                default,
+                "a number",
+                lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            )
         )
 
     def bool(self, key: str, default=None) -> bool:

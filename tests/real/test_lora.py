@@ -277,6 +277,8 @@ def test_bad_adapter_folders_are_refused_in_one_line(hf, tmp_path):
     assert "target module 'lm_head' is not supported" in cli_error(*base, "--lora", f"x={unsupported}")
     (unsupported / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
     assert "'use_dora'" in cli_error(*base, "--lora", f"x={unsupported}")
+    (unsupported / "adapter_config.json").write_text(json.dumps({**cfg, "lora_alpha": float("nan")}))
+    assert "'lora_alpha' must be a number, got NaN" in cli_error(*base, "--lora", f"x={unsupported}")
     assert "NAME=PATH" in cli_error(*base, "--lora", str(hf / "r4-attn"))
 
 
