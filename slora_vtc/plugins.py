@@ -23,7 +23,11 @@ def load_plugins(given: list[str]) -> None:
         from importlib.metadata import entry_points
 
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            ep.load()
+            what = f"plugin entry point '{ep.name}' ({ep.value})"
+            try:
+                _run_import(what, ep.module, ep.load)
+            except ModuleNotFoundError:
+                raise UserError(f"{what}: no such module '{ep.module}'") from None
     for name in [*env, *given]:
         _load(name)
 
@@ -55,10 +59,12 @@ def _may_declare_entry_points(group: str) -> bool:
 def _load(name: str) -> None:
     if not name:
         raise UserError("--plugin needs a file or module name")
-    if name.endswith(".py") or os.sep in name:
+    if name.endswith(".py") or os.sep in name or (os.altsep and os.altsep in name):
         path = Path(name)
         if not path.is_file():
             raise UserError(f"plugin {path}: no such file")
+        if path.suffix != ".py":
+            raise UserError(f"plugin {path}: not a .py file (a plugin is a .py file or an importable module)")
         module_name = f"slora_vtc_plugin_{path.resolve().as_posix().encode().hex()}"
         if module_name in sys.modules:  # loaded before in this process: its registrations stand
             return
@@ -66,14 +72,63 @@ def _load(name: str) -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            _run_import(f"plugin {path}", module_name, lambda: spec.loader.exec_module(module), path)
         except BaseException:
             del sys.modules[module_name]
             raise
         return
     try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name != name.split(".")[0] and e.name != name:
-            raise
+        _run_import(f"plugin '{name}'", name, lambda: importlib.import_module(name))
+    except ModuleNotFoundError:
+        if Path(name).is_file():
+            raise UserError(f"plugin {name}: not a .py file (a plugin is a .py file or an importable module)") from None
         raise UserError(f"plugin '{name}': no such module (give a .py file or an importable module)") from None
+
+
+def _run_import(what: str, module_name: str, load, path: Path | None = None) -> None:
+    """Import a plugin by calling `load`; whatever goes wrong in its code is one UserError naming `what`
+    (a plugin's own missing import included, so the CLI does not take it for a missing real-engine
+    package). A ModuleNotFoundError for `module_name` itself (no such module) is left to the caller."""
+    try:
+        load()
+    except UserError as e:  # from a register function: a name taken, say
+        raise UserError(f"{what}: {_one_line(str(e))}") from None
+    except SyntaxError as e:  # IndentationError and TabError too; a file that is not UTF-8
+        raise UserError(f"{what}: {_syntax_error(e, path)}") from None
+    except ModuleNotFoundError as e:
+        if path is None and e.name in (module_name, module_name.split(".")[0]):
+            raise
+        raise _failure(what, module_name, e) from None
+    except (Exception, SystemExit) as e:
+        raise _failure(what, module_name, e) from None
+
+
+def _syntax_error(e: SyntaxError, path: Path | None) -> str:
+    if e.filename is None or e.lineno is None:
+        return f"SyntaxError: {_one_line(e.msg or str(e))}"
+    same_file = path is not None and Path(e.filename).resolve() == path.resolve()
+    where = f"line {e.lineno}" if same_file else f"{e.filename}, line {e.lineno}"
+    msg = _one_line(e.msg or "")
+    if msg.startswith("(unicode error) "):  # the file is not in its encoding (UTF-8 unless it declares one)
+        return f"cannot decode {where}: {msg.removeprefix('(unicode error) ')}"
+    return f"syntax error at {where}: {msg}"
+
+
+def _failure(what: str, module_name: str, e: BaseException) -> UserError:
+    """`what: TYPE at line N while importing: MESSAGE`, N being the plugin's innermost line the exception
+    came through (where it raised, or the call it raised in)."""
+    line = None
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == module_name:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    where = f" at line {line}" if line is not None else ""
+    if isinstance(e, SystemExit):
+        return UserError(f"{what}: sys.exit({e.code!r}){where} while importing")
+    message = _one_line(str(e))
+    return UserError(f"{what}: {type(e).__name__}{where} while importing" + (f": {message}" if message else ""))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

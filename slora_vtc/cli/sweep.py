@@ -113,13 +113,13 @@ def git_revision() -> str:
 
 
 def cmd_plot_sweep(args) -> int:
-    from slora_vtc.sweep.plot import plot_sweep
+    from slora_vtc.sweep.plot import output_path, plot_sweep
     from slora_vtc.sweep.table import read_table
 
     table = Path(args.table)
+    out = output_path(Path(args.out) if args.out else table.with_name(f"{table.stem}_{args.y}_by_{args.x}.png"))
     frame = read_table(table)
-    out = Path(args.out) if args.out else table.with_name(f"{table.stem}_{args.y}_by_{args.x}.png")
-    plot_sweep(frame, args.x, args.y, args.hue, out)
+    out = plot_sweep(frame, args.x, args.y, args.hue, out)
     print(f"wrote {out}")
     return 0
 
@@ -150,5 +150,9 @@ def add_parsers(sub) -> None:
     plot.add_argument("--x", required=True, help="a column for the x axis (a numeric one gives lines, another bars)")
     plot.add_argument("--y", required=True, help="a numeric column (a metric) for the y axis")
     plot.add_argument("--hue", help="a column whose values each get a series")
-    plot.add_argument("--out", help="PNG file (default: beside the table, TABLE_Y_by_X.png)")
+    plot.add_argument(
+        "--out",
+        help="image file: PNG, or another format by its extension (.svg, .pdf, ...); .png is added to a name "
+        "without one (default: beside the table, TABLE_Y_by_X.png)",
+    )
     plot.set_defaults(func=cmd_plot_sweep)

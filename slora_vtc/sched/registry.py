@@ -1,5 +1,6 @@
 """Schedulers by name, built from a spec string such as `vtc`, `rpm:20`, `wvtc:1,2,3,4`, `lpm` or `lpm:128`."""
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,8 +87,8 @@ def _weights(spec: str, text: str, clients: list[str]) -> dict[str, float]:
         weights = [float(w) for w in text.split(",")]
     except ValueError:
         raise UserError(f"scheduler '{spec}': weights must be numbers, got '{text}'") from None
-    if any(not w > 0 for w in weights):
-        raise UserError(f"scheduler '{spec}': weights must be positive")
+    if any(not 0 < w < math.inf for w in weights):  # NaN too
+        raise UserError(f"scheduler '{spec}': weights must be positive and finite, got {text}")
     if len(weights) != len(clients):
         raise UserError(f"scheduler '{spec}': {len(weights)} weights for {len(clients)} clients")
     return dict(zip(clients, weights))

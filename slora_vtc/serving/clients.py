@@ -20,6 +20,7 @@ name only its `adapter`, its `adapters` and those of [default]; any other is ref
 Without keys, identity is only what the client says, so any served adapter may be named.
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -136,8 +137,8 @@ def _client(path: Path, where: str, table: dict, allowed: set[str]) -> ClientCon
         )
     name = where.removeprefix("clients.")
     weight, rpm = table.get("weight", 1.0), table.get("rpm")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-        raise UserError(f"{path}: [{where}] weight must be a positive number, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:  # NaN too
+        raise UserError(f"{path}: [{where}] weight must be a positive, finite number, got {weight!r}")
     if rpm is not None and (isinstance(rpm, bool) or not isinstance(rpm, int) or rpm <= 0):
         raise UserError(f"{path}: [{where}] rpm must be a positive integer (omit it for no limit), got {rpm!r}")
     for key in ("api_key", "adapter"):

@@ -3,16 +3,21 @@
 Rows sharing (x, hue) differ in the other settings: the plot shows their mean, with a band (a line
 plot) or an error bar (a bar plot, for a categorical x) from their min to their max."""
 
+import os
 from pathlib import Path
 
 from slora_vtc.errors import UserError
 from slora_vtc.sweep.cell import OK
 
 
-def plot_sweep(frame, x: str, y: str, hue: str | None, out: Path) -> None:
-    """Draw the table's ok rows; figure objects only, no pyplot: safe on any backend."""
+def plot_sweep(frame, x: str, y: str, hue: str | None, out: Path) -> Path:
+    """Draw the table's ok rows into `out` (see output_path); return the file written. Figure
+    objects only, no pyplot: safe on any backend."""
     from matplotlib.figure import Figure
 
+    out = output_path(out)
+    if hue is not None and hue == x:
+        raise UserError(f"--hue '{hue}' is the --x column too: give --hue another column, or leave it out")
     check_columns(frame, [c for c in (x, y, hue) if c])
     rows = frame[frame["status"] == OK] if "status" in frame else frame
     if not _numeric(rows[y]):
@@ -32,7 +37,32 @@ def plot_sweep(frame, x: str, y: str, hue: str | None, out: Path) -> None:
     if hue:
         ax.legend(title=hue)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, format=_format(out))
+    return out
+
+
+def output_path(out: Path) -> Path:
+    """The file `--out` names: with `.png` added when it has no extension (as matplotlib does); a
+    folder, or an extension matplotlib cannot write, is a UserError."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    for path in (out, out.with_name(out.name.rstrip(".") + ".png")):
+        if path.is_dir():
+            which = "it" if path == out else str(path)
+            raise UserError(f"--out {out}: {which} is a folder; give a file name, such as {path / 'plot.png'}")
+        if _format(path):
+            out = path
+            break
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if _format(out) not in supported:
+        raise UserError(
+            f"--out {out}: cannot write '.{_format(out)}' files (supported: {', '.join(sorted(supported))})"
+        )
+    return out
+
+
+def _format(out: Path) -> str:
+    return os.path.splitext(out.name)[1][1:].lower()
 
 
 def check_columns(frame, names: list[str]) -> None:

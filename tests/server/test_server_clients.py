@@ -8,6 +8,7 @@ from slora_vtc.errors import UserError
 from slora_vtc.request import Request
 from slora_vtc.sched import VTC, RateLimited, build_scheduler
 from slora_vtc.serving.clients import ANONYMOUS, Clients, Unauthorized, load_clients, scheduler_for
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.files import write
 from tests.helpers.server import running_server
 
@@ -50,7 +51,12 @@ def test_identity_without_keys():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[clients.a]\nweight = 0", "weight must be a positive number"),
+        ("[clients.a]\nweight = 0", r"\[clients.a\] weight must be a positive, finite number, got 0$"),
+        ("[clients.a]\nweight = inf", r"\[clients.a\] weight must be a positive, finite number, got inf$"),
+        ("[clients.a]\nweight = -inf", r"\[clients.a\] weight must be a positive, finite number, got -inf$"),
+        ("[clients.a]\nweight = nan", r"\[clients.a\] weight must be a positive, finite number, got nan$"),
+        ("[clients.a]\nweight = 1e400", r"\[clients.a\] weight must be a positive, finite number, got inf$"),
+        ("[clients.a]\nweight = '2'", r"\[clients.a\] weight must be a positive, finite number, got '2'$"),
         ("[clients.a]\nrpm = 1.5", "rpm must be a positive integer"),
         ("[clients.a]\ncolour = 'red'", "unknown key 'colour'"),
         ("[default]\nweight = 2", "unknown key 'weight'"),
@@ -63,6 +69,13 @@ def test_identity_without_keys():
 def test_bad_clients_files(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
         load_clients(write(tmp_path, "clients.toml", text))
+
+
+def test_an_infinite_weight_is_one_line_from_the_gateway(tmp_path, capsys):
+    clients = write(tmp_path, "clients.toml", "[clients.a]\nweight = inf\n")
+    code, _, err = run_cli(capsys, "gateway", "--upstream", "http://127.0.0.1:1", "--clients", clients)
+    assert_one_line_error(code, err)
+    assert err == f"slora-vtc: error: {clients}: [clients.a] weight must be a positive, finite number, got inf\n"
 
 
 def test_example_clients_file_loads():

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from slora_vtc.errors import UserError
 from slora_vtc.plugins import ENTRY_POINT_GROUP, load_plugins
 
 
@@ -48,3 +49,18 @@ def test_a_zip_on_the_path_is_searched_by_importlib_metadata(site, monkeypatch):
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: asked.append(kw) or [])
     load_plugins([])
     assert asked == [{"group": ENTRY_POINT_GROUP}]
+
+
+def test_a_declared_plugin_that_raises_is_one_line(site):
+    (site / "fake_slora_plugin.py").write_text('x = 1\nraise RuntimeError("boom")\n')
+    install(site, "fake-plugin", f"[{ENTRY_POINT_GROUP}]\nfake = fake_slora_plugin\n")
+    with pytest.raises(UserError) as e:
+        load_plugins([])
+    assert str(e.value) == "plugin entry point 'fake' (fake_slora_plugin): RuntimeError at line 2 while importing: boom"
+
+
+def test_a_declared_plugin_that_is_not_installed_is_one_line(site):
+    install(site, "fake-plugin", f"[{ENTRY_POINT_GROUP}]\nfake = fake_slora_plugin\n")
+    with pytest.raises(UserError) as e:
+        load_plugins([])
+    assert str(e.value) == "plugin entry point 'fake' (fake_slora_plugin): no such module 'fake_slora_plugin'"

@@ -14,6 +14,7 @@ from slora_vtc.sched.vtc_predict import (
     PredictingVTC,
     UniformErrorPredictor,
 )
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.engine import config, make_engine, req
 from tests.helpers.sched import arrive
 
@@ -422,6 +423,10 @@ def test_build_scheduler_by_name():
         ("wvtc:1,0", ["a", "b"], "weights must be positive"),
         ("wvtc:-1,2", ["a", "b"], "weights must be positive"),
         ("wvtc:1,x", ["a", "b"], "weights must be numbers"),
+        ("wvtc:inf,1", ["a", "b"], r"^scheduler 'wvtc:inf,1': weights must be positive and finite, got inf,1$"),
+        ("wvtc:1,-inf", ["a", "b"], r"weights must be positive and finite, got 1,-inf$"),
+        ("wvtc:nan,1", ["a", "b"], r"weights must be positive and finite, got nan,1$"),
+        ("wvtc:1,1e999", ["a", "b"], r"weights must be positive and finite, got 1,1e999$"),
         ("wvtc:1,2,3", ["a", "b"], "3 weights for 2 clients"),
         ("wvtc:1", ["a", "b"], "1 weights for 2 clients"),
         ("vtc-pred:1.5", [], "error ratio"),
@@ -432,3 +437,11 @@ def test_build_scheduler_by_name():
 def test_bad_specs_raise_user_error(spec, clients, message):
     with pytest.raises(UserError, match=message):
         build_scheduler(spec, clients)
+
+
+@pytest.mark.parametrize("weights", ["inf,1", "nan,1"])
+def test_a_non_finite_weight_is_one_line_from_the_cli(capsys, weights):
+    code, out, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", f"wvtc:{weights}", "--duration", "5")
+    assert_one_line_error(code, err)
+    assert err == f"slora-vtc: error: scheduler 'wvtc:{weights}': weights must be positive and finite, got {weights}\n"
+    assert out == ""

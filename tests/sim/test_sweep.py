@@ -13,7 +13,7 @@ from slora_vtc.experiment import Experiment
 from slora_vtc.runner import run_experiment
 from slora_vtc.sweep import load_grid
 from slora_vtc.sweep.cell import Cell
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import assert_one_line_error, run_cli
 from tests.helpers.files import REPO, write
 from tests.helpers.sweep import assert_same_metrics
 
@@ -272,6 +272,55 @@ def test_plot_sweep_bad_columns_are_one_line(table, capsys, argv, message):
     assert message in err and err.count("\n") == 1
     if "no column" in message:
         assert "scheduler" in err and "fairness_max" in err  # the line names the known columns
+
+
+def test_plot_sweep_refuses_x_as_hue(table, capsys):
+    code, out, err = run_cli(capsys, "plot-sweep", table, "--x", "scheduler", "--y", "throughput", "--hue", "scheduler")
+    assert_one_line_error(code, err)
+    assert (
+        err == "slora-vtc: error: --hue 'scheduler' is the --x column too: give --hue another column, or leave it out\n"
+    )
+    assert out == "" and not list(table.parent.glob("*.png"))
+
+
+# --out is checked before the table is read: these need no table
+def test_plot_sweep_out_with_an_unknown_format_is_one_line(tmp_path, capsys):
+    out = tmp_path / "x.txt"
+    code, _, err = run_cli(
+        capsys, "plot-sweep", tmp_path / "t.parquet", "--x", "seed", "--y", "ttft_mean", "--out", out
+    )
+    assert_one_line_error(code, err, "eps", "pdf", "png", "svg")
+    assert err.startswith(f"slora-vtc: error: --out {out}: cannot write '.txt' files (supported: ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "given, folder",
+    [("adir", "adir"), ("adir.png", "adir.png"), ("bdir", "bdir.png")],  # bdir: where bdir.png would go
+)
+def test_plot_sweep_out_naming_a_folder_is_one_line(tmp_path, capsys, given, folder):
+    (tmp_path / folder).mkdir()
+    out = tmp_path / given
+    code, _, err = run_cli(
+        capsys, "plot-sweep", tmp_path / "t.parquet", "--x", "seed", "--y", "ttft_mean", "--out", out
+    )
+    assert_one_line_error(code, err)
+    which = "it" if given == folder else str(tmp_path / folder)
+    expected = (
+        f"slora-vtc: error: --out {out}: {which} is a folder; give a file name, such as {tmp_path / folder}/plot.png"
+    )
+    assert err == expected + "\n"
+    assert [p.name for p in tmp_path.iterdir()] == [folder]  # nothing written
+
+
+def test_plot_sweep_prints_the_file_it_writes(table, tmp_path, capsys):
+    out = tmp_path / "plain"  # no extension: matplotlib's PNG, with .png added
+    code, printed, err = run_cli(capsys, "plot-sweep", table, "--x", "seed", "--y", "throughput", "--out", out)
+    assert code == 0, err
+    assert printed == f"wrote {out}.png\n" and is_png(tmp_path / "plain.png") and not out.exists()
+    svg = tmp_path / "plot.SVG"
+    code, printed, err = run_cli(capsys, "plot-sweep", table, "--x", "seed", "--y", "throughput", "--out", svg)
+    assert code == 0 and printed == f"wrote {svg}\n" and svg.read_text().lstrip().startswith("<?xml")
 
 
 def test_cluster_fields_are_grid_keys_and_an_unknown_router_is_one_line(tmp_path, capsys):
