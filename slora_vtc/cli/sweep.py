@@ -13,6 +13,7 @@ from pathlib import Path
 from slora_vtc.cli.experiments import check
 from slora_vtc.errors import UserError
 from slora_vtc.plugins import PLUGINS_ENV
+from slora_vtc.results import check_writable
 
 
 def cmd_sweep(args) -> int:
@@ -21,6 +22,7 @@ def cmd_sweep(args) -> int:
     use_ray = _use_ray(args)
     cells = _checked_cells(Path(args.grid))
     out = Path(args.out) if args.out else Path("results") / f"{Path(args.grid).stem}.parquet"
+    check_writable(out, "a sweep table")  # before the cells run, not after
     table = SweepTable(out)
     todo = [c for c in cells if c.id not in table.finished()]
     failed = _run(

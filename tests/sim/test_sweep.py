@@ -205,6 +205,14 @@ def test_a_bad_grid_is_one_line_and_runs_nothing(tmp_path, capsys, counted_runs,
     assert counted_runs == [] and not out.exists()
 
 
+def test_a_table_that_cannot_be_written_is_one_line_before_any_cell_runs(tmp_path, capsys, counted_runs):
+    (tmp_path / "a_file").write_text("")
+    grid = write(tmp_path, "grid.toml", '[grid]\nscheduler = ["vtc"]' + FIXED)
+    code, _, err = run_cli(capsys, "sweep", grid, "--local", "--out", tmp_path / "a_file" / "t.parquet")
+    assert_one_line_error(code, err, "cannot write a sweep table there", "a_file is not a folder one can write in")
+    assert counted_runs == []
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
