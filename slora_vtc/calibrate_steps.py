@@ -26,6 +26,7 @@ numpy is imported by the fit only: the simulator's run path reads the model with
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -36,6 +37,7 @@ KIND = "vllm-steps"
 MIN_STEPS = 50  # steps that computed something
 MIN_OF_EACH = 5  # steps with a prefill, and steps with a decode
 TERMS = ("prefill_tokens", "prefill_pairs", "decode_reqs", "context_tokens")
+WALL_TERMS = ("base_s", "prefill_token_s", "prefill_pair_s", "decode_req_s", "context_token_s")  # a step's wall
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,18 @@ class VllmStepModel:
 
     @classmethod
     def from_json(cls, raw: dict) -> "VllmStepModel":
+        """The model of a testbed file; a ValueError naming the field that is not a finite number >= 0,
+        or saying that the model's steps take no time."""
         values = {}
         for f in fields(cls):
             value = raw.get(f.name, f.default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise ValueError(f"'{f.name}' must be a number >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"field '{f.name}' must be a finite number >= 0, got {value!r}")
             values[f.name] = float(value)
-        return cls(**values)
+        model = cls(**values)
+        if not any(getattr(model, name) for name in WALL_TERMS):
+            raise ValueError(f"{', '.join(WALL_TERMS)} are all 0: every step would take no time (nothing to simulate)")
+        return model
 
 
 @dataclass(frozen=True)
@@ -115,16 +122,26 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
             f"{source}: too few steps to fit: {len(steps)} steps that computed something, {prefills} with a "
             f"prefill, {decodes} with a decode (at least {MIN_STEPS}, and {MIN_OF_EACH} of each kind)"
         )
+    _check_clock(steps, source)
     X = np.array([[1.0, *(getattr(r, t) for t in TERMS)] for r in steps])
     y = np.array([r.wall_s for r in steps])
+    if not y.any():
+        raise UserError(f"{source}: the log's steps took no time (every wall_s is 0): nothing to fit")
     measured = [0, *(k for k in range(1, X.shape[1]) if X[:, k].any())]
     shape = np.zeros(X.shape[1])
-    shape[measured] = _least_absolute_deviations(X[:, measured], y)
-    slowdown = float(y.sum() / (X @ shape).sum())
-    coef = shape * slowdown
-    gaps = [r.gap_s for r in steps if r.decode_reqs]
-    model = VllmStepModel(*(float(c) for c in coef), gap_s=float(np.mean(gaps)))
-    fitted = X @ coef
+    with np.errstate(all="ignore"):  # a fit that overflows is told below
+        shape[measured] = _least_absolute_deviations(X[:, measured], y)
+        slowdown = float(y.sum() / (X @ shape).sum())
+        coef = shape * slowdown
+        gaps = [r.gap_s for r in steps if r.decode_reqs]
+        model = VllmStepModel(*(float(c) for c in coef), gap_s=float(np.mean(gaps)))
+        fitted = X @ coef
+    if not (np.isfinite(coef).all() and math.isfinite(model.gap_s) and math.isfinite(slowdown)):
+        terms = ", ".join(f"{f.name} {getattr(model, f.name):.3g}" for f in fields(model))
+        raise UserError(
+            f"{source}: the fitted step time is not finite ({terms}; slowdown {slowdown:.3g}): the log's wall times "
+            "cannot be fitted"
+        )
     kinds = np.array([_kind(r) for r in steps])
     by_kind = {
         k: (int((kinds == k).sum()), float(y[kinds == k].sum()), float(fitted[kinds == k].sum()))
@@ -134,6 +151,19 @@ def fit_steps(records: list[StepRecord], source: str = "the step log") -> StepFi
     error = float(np.median(np.abs(X @ shape - y) / np.maximum(y, 1e-12)))
     unmeasured = tuple(TERMS[k - 1] for k in range(1, X.shape[1]) if k not in measured)
     return StepFit(model, len(steps), slowdown, float(y.sum()), error, len(gaps), by_kind, unmeasured)
+
+
+def _check_clock(steps: list[StepRecord], source: str) -> None:
+    """A step ends before the next one starts: the walls and gaps of a log add up to its time
+    (slora_vtc/vllm/steps.py, slora_vtc/step_logger.py). A log whose clock restarts (logs written
+    one after another) is not checked across the restart."""
+    for step, after in zip(steps, steps[1:]):
+        until = after.t - step.t
+        if 0 <= until < step.wall_s - 1e-6 - 1e-9 * after.t:
+            raise UserError(
+                f"{source}: step {step.step} took {step.wall_s:.6g} s (wall_s), but the next step started "
+                f"{until:.6g} s after it began"
+            )
 
 
 def fit_step_log(path: str | Path) -> StepFit:

@@ -21,6 +21,7 @@ that testbed's session. Nothing is tuned per figure.
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -245,20 +246,65 @@ def load_testbed(name: str) -> "StepTimeModel | VllmStepModel":
         )
     try:
         raw = json.loads(path.read_text())
-        if isinstance(raw, dict) and raw.get("kind") == "vllm-steps":
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a testbed file ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: not a testbed file (a JSON object of a testbed's fields, got {type(raw).__name__})")
+    try:
+        if "kind" in raw:
+            if raw["kind"] != "vllm-steps":
+                raise ValueError(f"unknown kind {raw['kind']!r} (known: 'vllm-steps', or no kind)")
             from slora_vtc.calibrate_steps import VllmStepModel
 
             return VllmStepModel.from_json(raw)
-        return StepTimeModel(
-            tuple(raw["prefill_coef"]),
-            tuple(raw["decode_coef"]),
-            int(raw["decode_knee"]),
-            float(raw["overhead_s"]),
-            float(raw["cold_start_s"]),
-            raw.get("cached_coef"),
+        return _step_time_model(raw)
+    except ValueError as e:
+        raise UserError(f"{path}: not a testbed file: {e}") from None
+
+
+FIELDS_OF_A_TESTBED = ("prefill_coef", "decode_coef", "decode_knee", "overhead_s", "cold_start_s")
+
+
+def _step_time_model(raw: dict) -> StepTimeModel:
+    """A testbed file of `save_testbed`'s form, every field checked: its coefficients and seconds
+    finite numbers >= 0 (as StepTimeModel.fit and slora_vtc.calibrate make them), the knee a whole
+    number >= 0, `cached_coef` such a number or null; a ValueError naming the field otherwise."""
+    missing = [name for name in FIELDS_OF_A_TESTBED if name not in raw]
+    if missing:
+        raise ValueError(f"missing field '{missing[0]}'")
+    coefs = {}
+    for name in ("prefill_coef", "decode_coef"):
+        value = raw[name]
+        if not isinstance(value, list) or len(value) != 3 or not all(_seconds(v) for v in value):
+            raise ValueError(f"field '{name}' must be a list of 3 finite numbers >= 0, got {value!r}")
+        coefs[name] = tuple(float(v) for v in value)
+    for name in ("overhead_s", "cold_start_s"):
+        if not _seconds(raw[name]):
+            raise ValueError(f"field '{name}' must be a finite number >= 0, got {raw[name]!r}")
+    knee = raw["decode_knee"]
+    if not _seconds(knee) or knee != int(knee):
+        raise ValueError(f"field 'decode_knee' must be a whole number >= 0, got {knee!r}")
+    cached = raw.get("cached_coef")
+    if cached is not None and not _seconds(cached):
+        raise ValueError(f"field 'cached_coef' must be a finite number >= 0 or null, got {cached!r}")
+    model = StepTimeModel(
+        coefs["prefill_coef"],
+        coefs["decode_coef"],
+        int(knee),
+        float(raw["overhead_s"]),
+        float(raw["cold_start_s"]),
+        None if cached is None else float(cached),
+    )
+    if not any([*model.prefill_coef, *model.decode_coef, model.overhead_s, cached or 0.0]):
+        raise ValueError(
+            "every coefficient and 'overhead_s' are 0: every step would take no time (nothing to simulate)"
         )
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{path}: not a testbed file ({type(e).__name__}: {e})") from None
+    return model
+
+
+def _seconds(value) -> bool:
+    """A finite number >= 0 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value < math.inf
 
 
 def save_testbed(model: StepTimeModel, path: str | Path) -> None:

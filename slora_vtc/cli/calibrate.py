@@ -124,8 +124,8 @@ def _calibrate_from_steps(args) -> int:
     for term in fit.unmeasured:
         print(f"  no step had {term}: its cost is not measured and left 0")
     for kind, (n, measured, fitted) in fit.by_kind.items():
-        print(f"  {kind:<12} {n:>7} steps: measured {measured:9.3f} s, fitted {fitted:9.3f} s "
-              f"({fitted / measured - 1:+.1%})")  # fmt: skip
+        error = f"({fitted / measured - 1:+.1%})" if measured else "(measured 0 s)"  # steps of a kind may take 0 s
+        print(f"  {kind:<12} {n:>7} steps: measured {measured:9.3f} s, fitted {fitted:9.3f} s {error}")
     if args.out:
         save_step_model(fit, args.out, args.vllm_steps)
         print(f"wrote {args.out} (use it with --testbed {args.out})")

@@ -231,3 +231,61 @@ def test_a_step_testbed_with_a_bad_coefficient_is_not_a_testbed(tmp_path, capsys
     testbed.write_text(json.dumps({**TRUE.to_json(), "decode_req_s": "fast"}))
     code, _, err = run_cli(capsys, "run", "--suite", "overload", "--scheduler", "vtc", "--testbed", testbed)
     assert_one_line_error(code, err, "not a testbed file", "decode_req_s")
+
+
+def rewritten_log(tmp_path, change):
+    """A valid log of 300 steps (synthetic_log), each record changed by `change(number, record)`."""
+    log = tmp_path / "steps.jsonl"
+    synthetic_log(log, TRUE, steps=300, noise=0.05)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(change(k, r)) + "\n" for k, r in enumerate(records)))
+    return log
+
+
+def test_a_log_whose_steps_took_no_time_is_one_line(tmp_path, capsys):
+    log = rewritten_log(tmp_path, lambda k, r: {**r, "wall_s": 0.0})
+    code, _, err = run_cli(capsys, "calibrate", "--vllm-steps", log, "--out", tmp_path / "testbed.json")
+    assert_one_line_error(code, err, str(log), "took no time", "nothing to fit")
+    assert not (tmp_path / "testbed.json").exists()
+
+
+def test_a_kind_of_step_that_took_no_time_is_reported_not_divided_by(tmp_path, capsys):
+    log = rewritten_log(tmp_path, lambda k, r: {**r, "wall_s": 0.0} if not r["decode_reqs"] else r)
+    code, out, err = run_cli(capsys, "calibrate", "--vllm-steps", log)
+    assert code == 0, err
+    assert "(measured 0 s)" in out
+
+
+def test_a_step_longer_than_the_log_is_one_line(tmp_path, capsys):
+    """A step whose wall_s runs past the next step's start (here 1e308 s): the log's clock says it
+    cannot be, and a fit would scale every coefficient to it."""
+    log = rewritten_log(tmp_path, lambda k, r: {**r, "wall_s": 1e308} if k == 10 else r)
+    code, _, err = run_cli(capsys, "calibrate", "--vllm-steps", log, "--out", tmp_path / "testbed.json")
+    assert_one_line_error(code, err, str(log), "step 10 took 1e+308 s", "the next step started")
+    assert not (tmp_path / "testbed.json").exists()
+
+
+def test_a_log_restarting_its_clock_is_fitted(tmp_path):
+    """Two logs one after the other: the second's t starts again from 0, which is not a step overlapping."""
+    log = rewritten_log(tmp_path, lambda k, r: {**r, "t": r["t"] - 1000.0} if k >= 150 and r["t"] > 1000 else r)
+    first = tmp_path / "first.jsonl"
+    synthetic_log(first, TRUE, steps=150, noise=0.05, seed=5)
+    log.write_text(first.read_text() + log.read_text())
+    assert fit_step_log(log).steps == 450
+
+
+def test_a_fit_that_is_not_finite_is_one_line(tmp_path, capsys):
+    """Steps of 1e305 s, the clock consistent with them, and a last one of 1.7e308 s (which no next
+    step bounds): the log's time overflows, and so would the fit."""
+    t = 0.0
+
+    def huge(k, r):
+        nonlocal t
+        record = {**r, "t": t, "wall_s": 1.7e308 if k == 299 else 1e305, "gap_s": 0.0}
+        t += record["wall_s"]
+        return record
+
+    log = rewritten_log(tmp_path, huge)
+    code, _, err = run_cli(capsys, "calibrate", "--vllm-steps", log, "--out", tmp_path / "testbed.json")
+    assert_one_line_error(code, err, str(log), "the fitted step time is not finite")
+    assert not (tmp_path / "testbed.json").exists()
