@@ -219,7 +219,10 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(x for x in text.split(",") if x)
+    names = tuple(x.strip() for x in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got '{text}'")
+    return names
 
 
 def add_model_args(p, backend: bool = False) -> None:
@@ -416,6 +419,8 @@ def result_name(exp: Experiment) -> str:
             value = Path(value).stem
         if name == "lora":
             value = "+".join(v.partition("=")[0] for v in value)
+        elif isinstance(value, tuple):  # --replica-pool-tokens, --replica-testbeds
+            value = "+".join(Path(str(v)).stem for v in value)
         parts.append(name.replace("_", "-") if value is True else f"{name.replace('_', '-')}-{value}".replace("/", "_"))
     return "_".join(parts) + ".jsonl"
 

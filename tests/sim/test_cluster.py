@@ -446,3 +446,22 @@ def test_bad_cluster_input_is_one_line_and_status_2(capsys, argv, message):
     code = main(["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "10", *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["", "a10g-2024,,a10g-2023"])
+def test_an_empty_name_in_replica_testbeds_is_refused(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--suite", "overload", "--scheduler", "vtc", "--replicas", "2", "--replica-testbeds", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert (
+        err.strip().splitlines()[-1].endswith(f"--replica-testbeds: expected names separated by commas, got '{value}'")
+    )
+
+
+def test_a_cluster_runs_result_file_names_each_replicas_pool_and_testbed(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--replicas", "2", "--replica-pool-tokens", "9000,12000", "--replica-testbeds", "a10g-2024, a10g-2023"]
+    assert main(["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", *argv]) == 0
+    name = "overload_vtc_duration-5.0_replicas-2_replica-pool-tokens-9000+12000_replica-testbeds-a10g-2024+a10g-2023"
+    assert [p.name for p in (tmp_path / "results").iterdir()] == [f"{name}.jsonl"]
