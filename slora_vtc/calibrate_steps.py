@@ -30,7 +30,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, finite_nonnegative
 from slora_vtc.steplog import StepRecord, read_step_log
 
 KIND = "vllm-steps"
@@ -89,7 +89,7 @@ class VllmStepModel:
         values = {}
         for f in fields(cls):
             value = raw.get(f.name, f.default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            if not finite_nonnegative(value):
                 raise ValueError(f"field '{f.name}' must be a finite number >= 0, got {value!r}")
             values[f.name] = float(value)
         model = cls(**values)

@@ -14,12 +14,11 @@ preempted in the step; `arrived`: requests the engine took in since the step bef
 """
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
 
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, finite_nonnegative
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _record(path, number: int, line: str) -> StepRecord:
 
 
 def _number(name: str, value) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+    if not finite_nonnegative(value):
         raise ValueError(f"field '{name}' must be a number >= 0, got {value!r}")
     if name in COUNTS:
         if value != int(value):

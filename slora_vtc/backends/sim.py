@@ -21,13 +21,12 @@ that testbed's session. Nothing is tuned per figure.
 """
 
 import json
-import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slora_vtc.backends.base import Chunk, ModelBackend, StepResult
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, finite_nonnegative
 from slora_vtc.request import Request
 
 if TYPE_CHECKING:  # profiles are read, and numpy fits to them, only when a run refits the model
@@ -275,17 +274,17 @@ def _step_time_model(raw: dict) -> StepTimeModel:
     coefs = {}
     for name in ("prefill_coef", "decode_coef"):
         value = raw[name]
-        if not isinstance(value, list) or len(value) != 3 or not all(_seconds(v) for v in value):
+        if not isinstance(value, list) or len(value) != 3 or not all(finite_nonnegative(v) for v in value):
             raise ValueError(f"field '{name}' must be a list of 3 finite numbers >= 0, got {value!r}")
         coefs[name] = tuple(float(v) for v in value)
     for name in ("overhead_s", "cold_start_s"):
-        if not _seconds(raw[name]):
+        if not finite_nonnegative(raw[name]):
             raise ValueError(f"field '{name}' must be a finite number >= 0, got {raw[name]!r}")
     knee = raw["decode_knee"]
-    if not _seconds(knee) or knee != int(knee):
+    if not finite_nonnegative(knee) or knee != int(knee):
         raise ValueError(f"field 'decode_knee' must be a whole number >= 0, got {knee!r}")
     cached = raw.get("cached_coef")
-    if cached is not None and not _seconds(cached):
+    if cached is not None and not finite_nonnegative(cached):
         raise ValueError(f"field 'cached_coef' must be a finite number >= 0 or null, got {cached!r}")
     model = StepTimeModel(
         coefs["prefill_coef"],
@@ -300,11 +299,6 @@ def _step_time_model(raw: dict) -> StepTimeModel:
             "every coefficient and 'overhead_s' are 0: every step would take no time (nothing to simulate)"
         )
     return model
-
-
-def _seconds(value) -> bool:
-    """A finite number >= 0 (not a bool)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value < math.inf
 
 
 def save_testbed(model: StepTimeModel, path: str | Path) -> None:
