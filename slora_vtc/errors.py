@@ -10,3 +10,17 @@ class UserError(ValueError):
 def finite_nonnegative(value) -> bool:
     """Whether a value read from a user's file is a number (not a boolean), finite and >= 0."""
     return not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value < math.inf
+
+
+def json_kind(value) -> str:
+    """A value's type in JSON's words, for messages."""
+    names = {
+        str: "a string",
+        list: "a list",
+        tuple: "a list",
+        dict: "an object",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+    }
+    return "null" if value is None else names.get(type(value), type(value).__name__)

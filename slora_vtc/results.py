@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, json_kind
 from slora_vtc.request import Request, State
 
 if TYPE_CHECKING:  # numpy only for the metrics' arrays: writing a result file needs none
@@ -177,16 +177,15 @@ def _parse_line(path: Path, lineno: int, line: str) -> RunResult:
 
 
 def _kind(value) -> str:
-    """What a JSON value is, for a message."""
+    """What a JSON value is, with the value where it is short, for a message."""
+    kind = json_kind(value)
     if isinstance(value, bool):
-        return f"a boolean ({json.dumps(value)})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})" if len(value) <= 40 else "a string"
-    if value is None:
-        return "null"
-    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+        return f"{kind} ({json.dumps(value)})"
+    if isinstance(value, int | float):
+        return f"{kind} ({value})"
+    if isinstance(value, str) and len(value) <= 40:
+        return f"{kind} ({value!r})"
+    return kind
 
 
 def _number(where: str, name: str, value) -> float:

@@ -50,9 +50,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, json_kind
 from slora_vtc.traces.arrivals import arrival_rule, poisson_times, record_times, rescaled
-from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_kind, json_lines, parquet_rows, read_input
+from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_lines, parquet_rows, read_input
 from slora_vtc.traces.layouts import Chat, chats
 from slora_vtc.traces.multi_turn import DEFAULT_THINK_TIME_S, MultiTurnStats, build_multi_turn
 from slora_vtc.traces.tokenize import Counter

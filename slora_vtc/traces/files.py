@@ -101,17 +101,3 @@ def json_lines(path: Path, text: str) -> list[tuple[int, object]]:
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
     return rows
-
-
-def json_kind(value) -> str:
-    """A value's type in JSON's words, for messages."""
-    names = {
-        str: "a string",
-        list: "a list",
-        tuple: "a list",
-        dict: "an object",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-    }
-    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -5,8 +5,7 @@ record, by its conversation field."""
 import math
 from dataclasses import dataclass
 
-from slora_vtc.errors import UserError
-from slora_vtc.traces.files import json_kind
+from slora_vtc.errors import UserError, json_kind
 
 # a turn's speaker, in every layout's spelling -> user / assistant / system
 ROLES = {

@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from slora_vtc.errors import UserError
+from slora_vtc.errors import UserError, json_kind
 from slora_vtc.results import client_sort_key
 from slora_vtc.segments import Segments, format_segments, parse_segments
 from slora_vtc.traces.artifact_pickle import load_artifact_pickle
@@ -29,7 +29,6 @@ from slora_vtc.traces.files import (
     inner_suffix,
     is_parquet,
     is_pickle,
-    json_kind,
     json_lines,
     parquet_rows,
     read_input,
