@@ -8,6 +8,17 @@ from slora_vtc.request import Request
 from slora_vtc.segments import SegmentExpander, Segments
 
 BOS_ID = 1
+MAX_REQUESTS = 5_000_000  # a run holds about 1 KB of memory a request (overload at 60,000 s: 270,000 in 270 MB)
+
+
+def check_size(requests: float, what: str) -> None:
+    """Refuse a workload of more requests than a run can hold, before it is made."""
+    if requests > MAX_REQUESTS:
+        about = f"{requests:,.0f}" if requests < 1e12 else f"{requests:.1e}"
+        raise UserError(
+            f"{what} would send about {about} requests; a run holds at most {MAX_REQUESTS:,} "
+            "(about 1 KB of memory each)"
+        )
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class Workload:
         (for a cluster of N replicas, N copies load each replica as one engine is loaded)."""
         if copies == 1:
             return self
+        check_size(len(self.specs) * copies, f"{len(self.specs):,} requests sent {copies} times each")
         return replace(self, specs=tuple(s for s in self.specs for _ in range(copies)))
 
     def requests(self, added_tokens: int = 0, vocab_size: int = 32000) -> list[Request]:

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from slora_vtc.config import DEFAULT_POOL_TOKENS
 from slora_vtc.errors import UserError
-from slora_vtc.workload import RequestSpec, Workload, client_names
+from slora_vtc.workload import RequestSpec, Workload, check_size, client_names
 
 MISSING_TRACE = (
     "the '{suite}' suite replays a trace that ships with the repository, and {path} is missing. "
@@ -48,6 +48,9 @@ class Suite:
                 f"suite '{self.name}' is generated from a seed; "
                 "--trace applies only to trace suites (real) and to `replay`"
             )
+        if duration > self.duration:  # its requests grow in proportion to its duration: estimate before making them
+            sample = len(_generated(self, self.duration, seed).specs)
+            check_size(sample * duration / self.duration, f"suite '{self.name}' over {duration:g} s")
         return _generated(self, duration, seed)
 
     def _replay(self, duration: float, trace_path: str | None) -> Workload:

@@ -32,6 +32,10 @@ from tests.helpers.files import REPO
             "duration must be positive and finite",
         ),
         (
+            ["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "1e9"],
+            "suite 'overload' over 1e+09 s would send about 4,500,000,000 requests",
+        ),
+        (
             ["run", "--suite", "real", "--scheduler", "vtc", "--duration", "nan"],
             "duration must be positive and finite, got nan",
         ),

@@ -152,6 +152,19 @@ def test_bad_suite_and_duration():
         get_suite("overload").workload(duration=0)
 
 
+def test_a_workload_too_large_for_memory_is_refused_before_it_is_made():
+    # overload sends 2,700 requests in its 600 s (4.5 a second): 1,200,000 s would be 5,400,000, over the
+    # 5,000,000 a run holds; the estimate scales the suite's own duration, so the refusal is immediate
+    with pytest.raises(UserError, match=r"suite 'overload' over 1\.2e\+06 s would send about 5,400,000 requests"):
+        get_suite("overload").workload(duration=1.2e6)
+    with pytest.raises(UserError, match=r"about 4\.5e\+12 requests; a run holds at most 5,000,000"):
+        get_suite("overload").workload(duration=1e12)
+    base = get_suite("overload").workload()
+    assert len(base.specs) == 2700
+    with pytest.raises(UserError, match="2,700 requests sent 1852 times each would send about 5,000,400 requests"):
+        base.scaled(1852)
+
+
 def test_a_scaled_workload_sends_each_request_copies_times_at_its_own_time():
     from collections import Counter
 
