@@ -11,7 +11,7 @@ import numpy as np
 
 from slora_vtc.cost import CostFunction, LinearCost
 from slora_vtc.results import RunResult
-from slora_vtc.summary import TABLE_WINDOWS, WARMUP_S, WINDOW_S, FairnessSummary
+from slora_vtc.summary import WINDOW_S, FairnessSummary, table_starts
 
 
 def _served(result: RunResult) -> np.ndarray:
@@ -72,8 +72,8 @@ def synthetic_ticks(duration: float, per: int = 30) -> np.ndarray:
 
 
 def table_windows(horizon: float) -> np.ndarray:
-    """Starts of the fairness table's 60 s windows: (horizon - 30) / 20 * i for i = 1..19."""
-    return (horizon - WARMUP_S) / TABLE_WINDOWS * np.arange(1, TABLE_WINDOWS)
+    """Starts of the fairness table's 60 s windows (summary.table_starts), as an array."""
+    return np.array(table_starts(horizon))
 
 
 def fairness_summary(
