@@ -9,7 +9,7 @@ arms alike; each gateway round is divided by the direct round just before it.
 
 Throughput is the output tokens that reached the client inside the window (streamed chunks,
 corrected by `usage` for requests that ended), per second. Beside it, each round records what
-explains a gap: vLLM's own batch (`vllm:num_requests_running` and `_waiting`, sampled every 0.1 s),
+explains a gap: vLLM's own batch (`vllm:num_requests_running` and `_waiting`, sampled every 0.25 s),
 the gateway's budget (`slora_gateway_upstream_limit`) and the CPU seconds of the gateway process;
 with `--step-log`, for a vLLM started with the plugin (`fcfs` orders its queue as stock vLLM does)
 and its step log, vLLM's own steps in each window: decodes per step, step and gap times.

@@ -9,8 +9,9 @@ clients         the clients file `serve` reads (weights, RPM limits; API keys fo
 charge_cached   VTC's weight of a prompt token the prefix cache held, in [0, 1] (default 1: the paper's)
 log_interval_s  seconds between two log lines of counters, waiting and running per tenant (default 10)
 stats_file      where the same numbers are written as JSON (default: nowhere)
-lift            VTC's counter lift: paper (default), or running (a tenant with a request running keeps up
-                to one request's credit when its queue refills: slora_vtc/sched/vtc.py, docs/vllm.md)
+lift            VTC's counter lift: paper (default), artifact, none, or running (a tenant with a request
+                running keeps up to one request's credit when its queue refills: slora_vtc/sched/vtc.py,
+                docs/vllm.md)
 step_log        where one JSON line per engine step is written (slora_vtc/vllm/steps.py; default: nowhere)
 
 Anything else (an unknown key, a value of the wrong type, an unknown scheduler, a clients file that
