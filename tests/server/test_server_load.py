@@ -1,6 +1,7 @@
 """Load: 200 concurrent streaming requests from 20 clients; every request is accounted for, on the
 client side and in /metrics, and nothing is left in the pool. One client is rate limited (its
-excess gets 429) and some clients hang up mid-stream (their requests are aborted)."""
+excess gets 429) and some clients hang up mid-stream (their requests are aborted). Under S-LoRA's
+loop, and under vLLM's chunked steps in a pool small enough that they preempt."""
 
 import asyncio
 import json
@@ -14,6 +15,9 @@ CLIENTS, PER_CLIENT = 20, 10
 LIMITED_RPM = 5  # client c0: its last 5 requests are refused
 LEAVERS = {"c1", "c2"}  # these hang up after their first token
 LEAVER_TOKENS = 300  # long enough to be running still when the hang-up reaches the server
+# vLLM's steps: prompts admitted greedily by blocks into a pool of 480 tokens (30 blocks), so that running
+# requests are preempted by recompute and hang-ups reach requests running, waiting and preempted alike
+CHUNKED = dict(batching="chunked", max_num_batched_tokens=64, max_num_seqs=64, block_size=16, pool_tokens=480)
 
 
 async def one(http: httpx2.AsyncClient, url: str, client: str, k: int) -> str:
@@ -49,10 +53,12 @@ async def flood(url: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_200_concurrent_streams_from_20_clients(tmp_path):
+@pytest.mark.parametrize("batching", [{"pool_tokens": 4000}, CHUNKED], ids=["slora", "chunked"])
+def test_200_concurrent_streams_from_20_clients(tmp_path, batching):
     clients = tmp_path / "clients.toml"
     clients.write_text(f"[clients.c0]\nrpm = {LIMITED_RPM}\n")
-    with running_server(pool_tokens=4000, clients_file=str(clients)) as srv:
+    steps = tmp_path / "steps.jsonl"
+    with running_server(clients_file=str(clients), step_log=str(steps), **batching) as srv:
         outcomes = asyncio.run(flood(srv.url))
         m = srv.wait_idle()
     sent = CLIENTS * PER_CLIENT
@@ -71,3 +77,5 @@ def test_200_concurrent_streams_from_20_clients(tmp_path):
     assert 0 < total("aborted") <= outcomes.count("aborted")
     assert total("finished") >= outcomes.count("finished")
     assert m["slora_pool_used_tokens"] == 0
+    if batching.get("batching"):  # the load preempted running requests (vLLM's rule); each ended all the same
+        assert sum(json.loads(line).get("preempted", 0) for line in steps.read_text().splitlines()) > 0
