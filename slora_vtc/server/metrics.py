@@ -90,6 +90,11 @@ class _SnapshotCollector:
         yield GaugeMetricFamily(f"{PREFIX}_pool_tokens", "slots in the unified memory pool", value=s.pool_size)
         yield GaugeMetricFamily(f"{PREFIX}_pool_used_tokens", "slots held by KV caches and adapters", value=s.pool_used)
         yield GaugeMetricFamily(
+            f"{PREFIX}_pool_cached_tokens",
+            "of the slots held, those the prefix cache keeps for no running request (evicted when needed)",
+            value=s.pool_cached,
+        )
+        yield GaugeMetricFamily(
             f"{PREFIX}_adapters_resident", "LoRA adapters loaded in the pool", value=s.adapters_resident
         )
         http = CounterMetricFamily(

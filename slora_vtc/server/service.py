@@ -272,6 +272,7 @@ class EngineService:
             prefix_cache=engine.memory.cache is not None,
             pool_size=engine.memory.pool.size,
             pool_used=engine.memory.pool.num_used,
+            pool_cached=engine.memory.cache.evictable if engine.memory.cache else 0,
             adapters_resident=len(engine.memory.adapters),
         )
 

@@ -114,5 +114,6 @@ class Snapshot:
     forgotten_clients: int  # clients forgotten after being idle
     prefix_cache: bool  # whether cached input tokens mean anything
     pool_size: int
-    pool_used: int
+    pool_used: int  # slots held, the prefix cache's included
+    pool_cached: int  # of those, slots the prefix cache holds that no request uses (evicted when needed)
     adapters_resident: int

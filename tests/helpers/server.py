@@ -40,12 +40,13 @@ class Running:
         return {m.group(1): v for k, v in self.metrics().items() if (m := pattern.match(k))}
 
     def wait_idle(self, timeout_s: float = 20.0) -> dict[str, float]:
-        """Metrics once nothing runs, nothing waits and the pool is free again (or fail)."""
+        """Metrics once nothing runs, nothing waits and the pool is free again, but for what the prefix
+        cache keeps for no request (or fail)."""
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
             busy = sum(v for k, v in m.items() if k.startswith(("slora_client_waiting", "slora_client_running")))
-            if not busy and m["slora_pool_used_tokens"] == 0:
+            if not busy and m["slora_pool_used_tokens"] == m["slora_pool_cached_tokens"]:
                 return m
             if time.monotonic() > deadline:
                 raise AssertionError(f"the server did not become idle: {m}")

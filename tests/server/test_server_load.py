@@ -18,6 +18,8 @@ LEAVER_TOKENS = 300  # long enough to be running still when the hang-up reaches 
 # vLLM's steps: prompts admitted greedily by blocks into a pool of 480 tokens (30 blocks), so that running
 # requests are preempted by recompute and hang-ups reach requests running, waiting and preempted alike
 CHUNKED = dict(batching="chunked", max_num_batched_tokens=64, max_num_seqs=64, block_size=16, pool_tokens=480)
+# with the prefix cache, in blocks of 4 tokens: the clients' prompts of one k (5 to 14 tokens) share whole blocks
+PREFIX_CACHE = dict(prefix_cache=True, block_size=4)
 
 
 async def one(http: httpx2.AsyncClient, url: str, client: str, k: int) -> str:
@@ -53,7 +55,11 @@ async def flood(url: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batching", [{"pool_tokens": 4000}, CHUNKED], ids=["slora", "chunked"])
+@pytest.mark.parametrize(
+    "batching",
+    [{"pool_tokens": 4000}, CHUNKED, CHUNKED | PREFIX_CACHE],
+    ids=["slora", "chunked", "chunked-prefix-cache"],
+)
 def test_200_concurrent_streams_from_20_clients(tmp_path, batching):
     clients = tmp_path / "clients.toml"
     clients.write_text(f"[clients.c0]\nrpm = {LIMITED_RPM}\n")
@@ -76,6 +82,10 @@ def test_200_concurrent_streams_from_20_clients(tmp_path, batching):
     # a leaver may have been served to the end before its hang-up reached the engine
     assert 0 < total("aborted") <= outcomes.count("aborted")
     assert total("finished") >= outcomes.count("finished")
-    assert m["slora_pool_used_tokens"] == 0
+    assert m["slora_pool_used_tokens"] == m["slora_pool_cached_tokens"]  # nothing held but what the cache keeps
+    if batching.get("prefix_cache"):
+        assert sum(v for k, v in m.items() if k.startswith("slora_served_input_tokens_cached_total{")) > 0
+    else:
+        assert m["slora_pool_cached_tokens"] == 0
     if batching.get("batching"):  # the load preempted running requests (vLLM's rule); each ended all the same
         assert sum(json.loads(line).get("preempted", 0) for line in steps.read_text().splitlines()) > 0
