@@ -57,8 +57,8 @@ async def flood(url: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "batching",
-    [{"pool_tokens": 4000}, CHUNKED, CHUNKED | PREFIX_CACHE],
-    ids=["slora", "chunked", "chunked-prefix-cache"],
+    [{"pool_tokens": 4000}, CHUNKED, CHUNKED | PREFIX_CACHE, CHUNKED | PREFIX_CACHE | {"engine_process": True}],
+    ids=["slora", "chunked", "chunked-prefix-cache", "chunked-prefix-cache-engine-process"],
 )
 def test_200_concurrent_streams_from_20_clients(tmp_path, batching):
     clients = tmp_path / "clients.toml"
