@@ -298,6 +298,19 @@ def experiment(args, scheduler: str) -> Experiment:
 
 
 def cluster_settings(args) -> dict:
+    """The cluster flags. Without a cluster (one replica, one router) the others would be ignored: each
+    given then is refused by name (a sweep's grid may pair them with replicas = 1; a command line not)."""
+    if args.replicas == 1 and args.routers == 1:
+        given = {
+            "--router": args.router != "round-robin",
+            "--router-sync": args.router_sync is not None,
+            "--ingress-skew": args.ingress_skew != 0,
+            "--replica-pool-tokens": bool(args.replica_pool_tokens),
+            "--replica-testbeds": bool(args.replica_testbeds),
+        }
+        if flags := [flag for flag, set_ in given.items() if set_]:
+            verb = "applies" if len(flags) == 1 else "apply"
+            raise UserError(f"{', '.join(flags)} {verb} only to a cluster: give --replicas N or --routers N (N > 1)")
     return dict(
         replicas=args.replicas,
         router=args.router,

@@ -459,6 +459,22 @@ def test_an_empty_name_in_replica_testbeds_is_refused(capsys, value):
     )
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--router", "global-vtc"], "--router applies"),
+        (["--router-sync", "5", "--ingress-skew", "0.5"], "--router-sync, --ingress-skew apply"),
+        (["--replica-pool-tokens", "5000"], "--replica-pool-tokens applies"),
+        (["--replica-testbeds", "a10g-2023"], "--replica-testbeds applies"),
+    ],
+)
+def test_cluster_flags_without_a_cluster_are_refused_by_name(capsys, flags, named):
+    assert main(["run", "--suite", "overload", "--scheduler", "vtc", "--duration", "5", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].endswith(f"{named} only to a cluster: give --replicas N or --routers N (N > 1)")
+
+
 def test_a_cluster_runs_result_file_names_each_replicas_pool_and_testbed(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["--replicas", "2", "--replica-pool-tokens", "9000,12000", "--replica-testbeds", "a10g-2024, a10g-2023"]
