@@ -64,7 +64,8 @@ def cmd_bench_http(args) -> int:
             request_timeout_s=args.request_timeout,
             deadline_s=args.deadline,
             prompt_seed=args.prompt_seed,
-        )
+        ),
+        progress=True,
     )
     code = report([result], Path(args.out or f"results/http_{Path(args.trace_file).stem}.jsonl"))
     print(tenant_table(result))

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from slora_vtc.errors import UserError
+from slora_vtc.progress import LazyProgress
 from slora_vtc.results import Response, RunResult
 from slora_vtc.server.bench_outcome import Outcome, Sender
 from slora_vtc.serving.clients import Clients, load_clients
@@ -67,14 +68,16 @@ class NothingServed(UserError):
     """Every request of a replay failed: the run measured nothing."""
 
 
-def run_bench(config: BenchConfig) -> RunResult:
+def run_bench(config: BenchConfig, progress: bool = False) -> RunResult:
+    """The replay; `progress`: a bar of the requests that ended, once the run has lasted a second."""
     config.check()
     records = [r for r in read_trace(config.trace) if config.duration is None or r.arrival < config.duration]
     if not records:
         raise UserError(f"{config.trace}: no request before --duration {config.duration}")
     clients = load_clients(config.clients_file)
     headers = [_headers(r.client, clients) for r in records]
-    return asyncio.run(_replay(config, records, headers))
+    with LazyProgress(len(records), "bench-http", enabled=progress) as bar:
+        return asyncio.run(_replay(config, records, headers, bar))
 
 
 def _sender(config: BenchConfig, url: str) -> Sender:
@@ -87,13 +90,13 @@ def _sender(config: BenchConfig, url: str) -> Sender:
     return SloraSender(url, config.connect_timeout_s)
 
 
-async def _replay(config: BenchConfig, records: list[RequestSpec], headers: list[dict]) -> RunResult:
+async def _replay(config: BenchConfig, records: list[RequestSpec], headers: list[dict], bar: LazyProgress) -> RunResult:
     url = config.url.rstrip("/")
     sender = _sender(config, url)
     try:
         server = await sender.server_info()
         start = time.perf_counter()
-        outcomes = await _send_all(sender, config, records, headers, start)
+        outcomes = await _send_all(sender, config, records, headers, start, bar)
         total = (time.perf_counter() - start) * config.time_scale
     finally:
         await sender.aclose()
@@ -114,9 +117,15 @@ async def _replay(config: BenchConfig, records: list[RequestSpec], headers: list
 
 
 async def _send_all(
-    sender: Sender, config: BenchConfig, records: list[RequestSpec], headers: list[dict], start: float
+    sender: Sender,
+    config: BenchConfig,
+    records: list[RequestSpec],
+    headers: list[dict],
+    start: float,
+    bar: LazyProgress,
 ) -> list[Outcome]:
-    """Every request at its time, each bounded by the request timeout and all by the run's deadline."""
+    """Every request at its time, each bounded by the request timeout and all by the run's deadline;
+    `bar` counts those that ended."""
     last_send = records[-1].arrival / config.time_scale
     deadline = config.deadline_s or last_send + config.request_timeout_s + 1.0
 
@@ -126,6 +135,8 @@ async def _send_all(
             return await asyncio.wait_for(sender.send(rec, index, headers[index]), config.request_timeout_s)
         except TimeoutError:
             return Outcome("aborted", why=f"no end within --request-timeout {config.request_timeout_s:g} s")
+        finally:
+            bar.update()
 
     tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(records)]
     await asyncio.wait(tasks, timeout=max(0.0, start + deadline - time.perf_counter()))

@@ -68,6 +68,28 @@ def test_bench_http_bad_input(tmp_path):
         run_bench(BenchConfig(str(trace), f"http://127.0.0.1:{free_port()}"))
 
 
+def test_bench_http_progress_counts_every_request_that_ends():
+    import asyncio
+    import time
+
+    from slora_vtc.progress import LazyProgress
+    from slora_vtc.server.bench import _send_all
+    from slora_vtc.server.bench_outcome import Outcome
+    from slora_vtc.workload import RequestSpec
+
+    class Sender:  # request 1 never ends: the request timeout aborts it
+        async def send(self, rec, index, headers):
+            await asyncio.sleep(10 if index == 1 else 0)
+            return Outcome("finished", 0.0, 0.0, rec.output_len)
+
+    records = [RequestSpec("a", 4, 4, 0.01 * k) for k in range(5)]
+    config = BenchConfig("unused", "http://127.0.0.1:1", request_timeout_s=0.2)
+    bar = LazyProgress(len(records), enabled=False)  # counts without drawing
+    outcomes = asyncio.run(_send_all(Sender(), config, records, [{}] * 5, time.perf_counter(), bar))
+    assert [o.status for o in outcomes] == ["finished", "aborted", "finished", "finished", "finished"]
+    assert bar.count == 5
+
+
 # -- serve as a process ----------------------------------------------------------------------------
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
 @pytest.mark.parametrize("engine", ENGINE_FLAGS.values(), ids=ENGINE_FLAGS.keys())
