@@ -2,6 +2,10 @@
 once the run has lasted `delay_s` (importing tqdm takes longer than simulating a paper suite)."""
 
 import time
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class LazyProgress:
@@ -33,3 +37,11 @@ class LazyProgress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def tracked(items: Sequence[T], desc: str, unit: str, enabled: bool = True) -> Iterator[T]:
+    """Each of `items` in turn, counted on a LazyProgress bar (closed when they run out)."""
+    with LazyProgress(len(items), desc, unit, enabled) as bar:
+        for item in items:
+            yield item
+            bar.update()

@@ -26,6 +26,7 @@ def cmd_trace_build(args) -> int:
         args.client_field,
         args.multi_turn,
         args.think_time,
+        progress=True,
     )
     write_trace(records, args.out)
     print(multi_turn_line(stats, args) if args.multi_turn else summary_line(stats, args))

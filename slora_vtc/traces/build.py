@@ -51,6 +51,7 @@ from typing import NamedTuple
 import numpy as np
 
 from slora_vtc.errors import UserError, json_kind
+from slora_vtc.progress import tracked
 from slora_vtc.traces.arrivals import arrival_rule, poisson_times, record_times, rescaled
 from slora_vtc.traces.files import decode_text, is_parquet, is_pickle, json_lines, parquet_rows, read_input
 from slora_vtc.traces.layouts import Chat, chats
@@ -141,9 +142,10 @@ def build_trace(
     client_field: str | None = None,
     multi_turn: bool = False,
     think_time: float = DEFAULT_THINK_TIME_S,
+    progress: bool = False,
 ) -> tuple[list[RequestSpec], "BuildStats | MultiTurnStats"]:
     """The sampled requests and what was kept; `multi_turn`: every turn of whole conversations
-    (traces/multi_turn.py)."""
+    (traces/multi_turn.py); `progress`: a bar of the conversations sized, once that has lasted a second."""
     wanted = requested_count(rate, duration)
     check_seed(seed)
     if not (math.isfinite(think_time) and think_time >= 0):
@@ -166,11 +168,12 @@ def build_trace(
             client_field,
             think_time,
             rule,
+            progress,
         )
     single = [c for c in chats(path, raw, client_field) if c is not None]
     kept = [
         s
-        for s in (_sized(c, count_tokens, bos) for c in single)
+        for s in (_sized(c, count_tokens, bos) for c in tracked(single, "token counts", "chat", progress))
         if 0 < s.prompt_len < MAX_LEN and 0 < s.output_len < MAX_LEN
     ]
     if not kept:

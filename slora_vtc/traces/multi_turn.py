@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slora_vtc.errors import UserError
+from slora_vtc.progress import tracked
 from slora_vtc.traces.arrivals import poisson_times, rescaled
 from slora_vtc.traces.layouts import Conversation, conversations
 from slora_vtc.traces.tokenize import Counter
@@ -73,11 +74,12 @@ def build_multi_turn(
     client_field: str | None,
     think_time: float,
     rule: str,
+    progress: bool = False,
 ) -> tuple[list[RequestSpec], MultiTurnStats]:
     if not think_time >= 0:
         raise UserError(f"--think-time must be a number of seconds >= 0, got {think_time}")
     convs = [c for c in conversations(path, raw, client_field) if c is not None]
-    all_turns = [conversation_turns(c, count_tokens, bos) for c in convs]
+    all_turns = [conversation_turns(c, count_tokens, bos) for c in tracked(convs, "token counts", "conv", progress)]
     kept = [
         (c, [t for t in turns if 0 < t.prompt_len < MAX_LEN and 0 < t.output_len < MAX_LEN])
         for c, turns in zip(convs, all_turns)
